@@ -1,0 +1,50 @@
+"""pgqueue: a Postgres-native job queue for rate-limited LLM APIs.
+
+Priority tiers (critical / standard / batch), per-tenant Deficit Round Robin, Retry-After
+backpressure, all in Postgres. Enqueue joins the caller's transaction::
+
+    import pgqueue
+    job_id = pgqueue.enqueue(conn, tenant_id="acme", origin="user_action",
+                             payload={"model": "...", "max_tokens": 256, "messages": [...]})
+"""
+
+from pgqueue.enqueue import JobSpec, enqueue, enqueue_many
+from pgqueue.errors import (
+    InvalidArgument,
+    InvalidKind,
+    InvalidPayload,
+    InvalidSla,
+    InvalidTenant,
+    NulCharacter,
+    PayloadTooLarge,
+    PgqueueError,
+    SchemaOutOfDate,
+    UnknownOrigin,
+    UnknownTenant,
+    UsageError,
+)
+from pgqueue.handlers.registry import Registry
+from pgqueue.models import JobState, Origin, Tier
+
+__all__ = [
+    "InvalidArgument",
+    "InvalidKind",
+    "InvalidPayload",
+    "InvalidSla",
+    "InvalidTenant",
+    "JobSpec",
+    "JobState",
+    "NulCharacter",
+    "Origin",
+    "PayloadTooLarge",
+    "PgqueueError",
+    "Registry",
+    "SchemaOutOfDate",
+    "Tier",
+    "UnknownOrigin",
+    "UnknownTenant",
+    "UsageError",
+    "enqueue",
+    "enqueue_many",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,71 @@
+"""Schema management through alembic: upgrade to head, and check the revision at start-up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from alembic import command
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+
+from pgqueue.db import queries
+from pgqueue.errors import SchemaOutOfDate
+
+
+def alembic_config(dsn: str) -> Config:
+    """An alembic ``Config`` for pgqueue's own migrations (shipped in the package)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", "pgqueue:migrations")
+    cfg.attributes["dsn"] = dsn
+    return cfg
+
+
+def head_revision() -> str:
+    """The newest revision this version of pgqueue ships."""
+    head = ScriptDirectory.from_config(alembic_config("")).get_current_head()
+    assert head is not None
+    return head
+
+
+def upgrade(dsn: str, revision: str = "head") -> None:
+    """Bring the ``pgqueue`` schema to ``revision``; safe to run from many processes at once.
+
+    Raises:
+        psycopg.Error: the database refused a statement (the transaction is rolled back).
+    """
+    command.upgrade(alembic_config(dsn), revision)
+
+
+def downgrade(dsn: str, revision: str) -> None:
+    """Undo migrations down to ``revision`` (``base`` empties the schema)."""
+    command.downgrade(alembic_config(dsn), revision)
+
+
+def current_revision(conn: psycopg.Connection[Any]) -> str | None:
+    """The revision recorded in ``pgqueue.alembic_version``, or None on a fresh database."""
+    present = queries.run(conn, "schema_exists")
+    if not present or not present["present"]:
+        return None
+    row = queries.run(conn, "schema_revision")
+    return None if row is None else str(row["version_num"])
+
+
+def check_schema(conn: psycopg.Connection[Any]) -> str:
+    """Return the current revision, or raise if the schema is missing or behind.
+
+    Raises:
+        SchemaOutOfDate: with the command to run (``pgqueue migrate``).
+    """
+    current = current_revision(conn)
+    head = head_revision()
+    if current is None:
+        raise SchemaOutOfDate(
+            "the pgqueue schema is not installed in this database; run `pgqueue migrate` first"
+        )
+    if current != head:
+        raise SchemaOutOfDate(
+            f"the pgqueue schema is at revision {current} but this pgqueue needs {head}; "
+            "run `pgqueue migrate`"
+        )
+    return current

@@ -1,0 +1,110 @@
+"""The built-in ``anthropic.messages`` handler: one Messages API call per job.
+
+It sends the job's payload with the official SDK (``max_retries=0``: retries are the queue's
+job, through ``run_at``) and a timeout shorter than the lease, stores the message and its
+``usage``, and maps every provider error to an outcome: 429/529 → :class:`RateLimited` (with the
+``retry-after`` hint), 408/409/5xx/connection errors → :class:`RetryLater`, other 4xx →
+:class:`Discard`. The API key comes from ``PGQUEUE_ANTHROPIC_API_KEY_FILE`` or
+``ANTHROPIC_API_KEY`` and is never logged or stored.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from typing import Any
+
+import anthropic
+
+from pgqueue.errors import Discard, RateLimited, RetryLater
+from pgqueue.models import HandlerResult, Job
+from pgqueue.scheduling.backpressure import parse_retry_after
+from pgqueue.settings import Settings
+
+KIND = "anthropic.messages"
+
+#: Response headers kept with the result (rate-limit state and the request id, never secrets).
+_KEPT_HEADER_PREFIXES = ("anthropic-ratelimit-", "retry-after", "request-id")
+
+
+def _api_key(settings: Settings) -> str | None:
+    if settings.anthropic_api_key is not None:
+        return settings.anthropic_api_key.get_secret_value()
+    if settings.anthropic_api_key_file is not None:
+        return settings.anthropic_api_key_file.read_text(encoding="utf-8").strip()
+    return os.environ.get("ANTHROPIC_API_KEY")
+
+
+def _kept_headers(headers: Any) -> dict[str, str]:
+    return {k.lower(): v for k, v in headers.items() if k.lower().startswith(_KEPT_HEADER_PREFIXES)}
+
+
+class AnthropicMessagesHandler:
+    """Calls ``POST /v1/messages`` for a job; one SDK client per worker process.
+
+    The base URL is ``settings.anthropic_base_url``, else the SDK's ``ANTHROPIC_BASE_URL``
+    (point it at ``pgqueue sandbox`` for local runs). Timeout: ``provider_timeout_seconds``,
+    which settings validation keeps shorter than the lease.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._client: anthropic.AsyncAnthropic | None = None
+
+    def _get_client(self) -> anthropic.AsyncAnthropic:
+        if self._client is None:
+            key = _api_key(self._settings)
+            if not key:
+                raise RetryLater(
+                    "no Anthropic API key: set ANTHROPIC_API_KEY or PGQUEUE_ANTHROPIC_API_KEY_FILE"
+                )
+            self._client = anthropic.AsyncAnthropic(
+                api_key=key,
+                base_url=self._settings.anthropic_base_url,
+                max_retries=0,
+                timeout=self._settings.provider_timeout_seconds,
+            )
+        return self._client
+
+    async def __call__(self, job: Job) -> HandlerResult:
+        """Send ``job.payload`` as Messages API parameters.
+
+        Returns:
+            The message as JSON, with ``usage.input_tokens`` / ``usage.output_tokens``.
+
+        Raises:
+            RateLimited: 429 or 529, carrying the parsed ``retry-after`` (seconds) or None.
+            RetryLater: 408, 409, 5xx, timeouts and connection errors.
+            Discard: any other 4xx, or parameters the SDK rejects.
+        """
+        if job.payload.get("stream"):
+            raise Discard("streaming payloads are not supported by the queue handler")
+        client = self._get_client()
+        try:
+            raw = await client.messages.with_raw_response.create(**job.payload)
+        except anthropic.APIStatusError as exc:
+            status = exc.status_code
+            headers = exc.response.headers
+            if status in (429, 529):
+                hint = parse_retry_after(headers, datetime.now(UTC))
+                raise RateLimited(f"HTTP {status}: {exc.message}", hint, status) from None
+            if status in (408, 409) or status >= 500:
+                raise RetryLater(f"HTTP {status}: {exc.message}") from None
+            raise Discard(f"HTTP {status}: {exc.message}") from None
+        except (anthropic.APITimeoutError, anthropic.APIConnectionError) as exc:
+            raise RetryLater(f"{type(exc).__name__}: {exc}") from None
+        except TypeError as exc:
+            raise Discard(f"payload is not valid Messages API parameters: {exc}") from None
+        message = await raw.parse()
+        return HandlerResult(
+            result=message.model_dump(mode="json"),
+            input_tokens=message.usage.input_tokens,
+            output_tokens=message.usage.output_tokens,
+            headers=_kept_headers(raw.headers),
+        )
+
+    async def aclose(self) -> None:
+        """Close the SDK's HTTP connections."""
+        if self._client is not None:
+            await self._client.close()
+            self._client = None

@@ -1,0 +1,117 @@
+"""Read-only summaries of the queue (``pgqueue status``) and of a run (demo, replay).
+
+Collectors return plain dicts (JSON-ready); renderers turn them into rich tables. Latencies are
+enqueue-to-finish, in seconds, from the database clock.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+from rich.console import Console
+from rich.table import Table
+
+from pgqueue.db import queries
+
+
+def _num(value: Any) -> Any:
+    """Decimals (from numeric aggregates) as floats, so that reports are JSON-ready."""
+    return float(value) if isinstance(value, Decimal) else value
+
+
+def collect_status(conn: psycopg.Connection[Any], *, top: int = 10) -> dict[str, Any]:
+    """Depth per tier and state, oldest queued age per tier (seconds), top tenants."""
+    depth = queries.run(conn, "report_depth")
+    oldest = queries.run(conn, "report_oldest_queued")
+    tenants = queries.run(conn, "report_top_tenants", {"since": None, "limit": top})
+    return {
+        "depth": [{**r, "jobs": int(r["jobs"])} for r in depth],
+        "oldest_queued_seconds": {r["tier"]: _num(r["oldest_seconds"]) for r in oldest},
+        "top_tenants": [{k: _num(v) for k, v in r.items()} for r in tenants],
+    }
+
+
+def collect_run_report(conn: psycopg.Connection[Any], since: datetime) -> dict[str, Any]:
+    """Per tier: jobs, succeeded, failed, p50/p99 latency; per tenant: jobs and tokens;
+    throttles (429/529) recorded — all for jobs enqueued at or after ``since``."""
+    tiers = queries.run(conn, "report_tier_latency", {"since": since})
+    tenants = queries.run(conn, "report_top_tenants", {"since": since, "limit": 1000})
+    throttles = queries.run(conn, "report_throttles_since", {"since": since})
+    return {
+        "tiers": [{k: _num(v) for k, v in r.items()} for r in tiers],
+        "tenants": [{k: _num(v) for k, v in r.items()} for r in tenants],
+        "throttles": {k: int(v) for k, v in throttles.items()},
+    }
+
+
+def _fmt_seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def render_run_report(report: dict[str, Any], console: Console, title: str = "Run") -> None:
+    """Print the per-tier and per-tenant tables of :func:`collect_run_report`."""
+    tiers = Table(title=f"{title}: latency per tier (enqueue → finish, seconds)")
+    for col in ("tier", "jobs", "succeeded", "failed", "p50 s", "p99 s"):
+        tiers.add_column(col, justify="right" if col != "tier" else "left")
+    for r in report["tiers"]:
+        tiers.add_row(
+            r["tier"],
+            str(r["jobs"]),
+            str(r["succeeded"]),
+            str(r["failed"]),
+            _fmt_seconds(r["p50_seconds"]),
+            _fmt_seconds(r["p99_seconds"]),
+        )
+    console.print(tiers)
+    tenants = Table(title=f"{title}: per tenant")
+    for col in ("tenant", "jobs done", "failed", "input tokens", "output tokens"):
+        tenants.add_column(col, justify="right" if col != "tenant" else "left")
+    for r in sorted(report["tenants"], key=lambda r: r["tenant_id"]):
+        tenants.add_row(
+            r["tenant_id"],
+            str(r["succeeded"]),
+            str(r["failed"]),
+            f"{r['input_tokens']:,}",
+            f"{r['output_tokens']:,}",
+        )
+    console.print(tenants)
+    t = report["throttles"]
+    console.print(
+        f"Provider throttling: {t['http_429']} × 429, {t['http_529']} × 529 "
+        f"(each rescheduled at retry-after × 1.2 ± 20 %)"
+    )
+
+
+def render_status(status: dict[str, Any], console: Console) -> None:
+    """Print the tables of :func:`collect_status`."""
+    depth = Table(title="Queue depth")
+    for col in ("tier", "queued", "running", "oldest queued s"):
+        depth.add_column(col, justify="right" if col != "tier" else "left")
+    by_tier: dict[str, dict[str, int]] = {}
+    for r in status["depth"]:
+        by_tier.setdefault(r["tier"], {})[r["state"]] = r["jobs"]
+    for tier in ("critical", "standard", "batch"):
+        counts = by_tier.get(tier, {})
+        depth.add_row(
+            tier,
+            str(counts.get("queued", 0)),
+            str(counts.get("running", 0)),
+            _fmt_seconds(status["oldest_queued_seconds"].get(tier)),
+        )
+    console.print(depth)
+    tenants = Table(title="Top tenants")
+    for col in ("tenant", "queued", "running", "succeeded", "failed", "input tokens"):
+        tenants.add_column(col, justify="right" if col != "tenant" else "left")
+    for r in status["top_tenants"]:
+        tenants.add_row(
+            r["tenant_id"],
+            str(r["queued"]),
+            str(r["running"]),
+            str(r["succeeded"]),
+            str(r["failed"]),
+            f"{r['input_tokens']:,}",
+        )
+    console.print(tenants)

@@ -1,0 +1,543 @@
+"""Starlette app factory for the sandbox: a local stand-in for Anthropic's Messages API.
+
+One job: answer ``POST /v1/messages`` the way the real API does as far as a job queue can
+tell — auth, minimal validation, usage accounting, per-minute rate limits with
+``anthropic-ratelimit-*`` / ``retry-after`` headers, 429 / 529 errors in Anthropic's error
+JSON — plus scripted faults and an admin API (``/_sandbox/*``) for tests and benchmarks.
+The real ``anthropic`` SDK talks to it unchanged via ``base_url``.
+
+Rate-limit accounting lives in :mod:`pgqueue.sandbox.limits`; running the app under
+uvicorn lives in :mod:`pgqueue.sandbox.server`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from pgqueue.sandbox.limits import (
+    Admission,
+    BucketSnapshot,
+    LimitsSnapshot,
+    RateLimiter,
+    RateLimits,
+)
+
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "SandboxConfig",
+    "SandboxState",
+    "ScriptedFault",
+    "count_input_tokens",
+    "create_app",
+    "error_body",
+    "filler_text",
+    "output_token_count",
+    "rfc3339",
+]
+
+#: Characters per token for the sandbox's token estimate (Anthropic's rule of thumb).
+CHARS_PER_TOKEN = 4
+
+#: How far back ``GET /_sandbox/stats`` lists admission timestamps, in seconds.
+STATS_WINDOW_SECONDS = 600.0
+
+#: Anthropic error ``type`` per HTTP status (see the API's "Errors" page).
+_ERROR_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+
+_MODELS = ("claude-sonnet-4-5", "claude-haiku-4-5", "claude-opus-4-1")
+
+_FILLER = "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor. "
+
+
+def _check_status(status: int, what: str) -> None:
+    if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
+        raise ValueError(f"{what} must be an HTTP error status in 400..599, got {status!r}")
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Everything that shapes the sandbox's behaviour. Defaults mimic Anthropic's tier 1.
+
+    Attributes:
+        requests_per_minute: request limit per minute (bucket capacity; refill limit/60 per s).
+        input_tokens_per_minute: input-token limit per minute (same bucket model).
+        output_tokens_per_minute: output-token limit per minute; charged ``max_tokens`` at
+            admission, unused part refunded after the answer.
+        output_ratio: fraction in (0, 1] of ``max_tokens`` each answer uses:
+            ``output_tokens = max(1, ceil(max_tokens * output_ratio))``. 1.0 = always
+            ``max_tokens`` (``stop_reason`` "max_tokens"), below that "end_turn".
+        overload_rate: probability in [0, 1] that a request is answered 529 overloaded
+            (drawn before rate limiting, so it costs no budget).
+        seed: seed of the ``random.Random`` used for ``overload_rate`` draws.
+        fail_first_n: the first N valid, authenticated requests get ``fail_status``.
+        fail_status: HTTP status (400..599; usually 429, 529 or 500) for those N answers.
+        fail_retry_after: raw ``retry-after`` header value for those N answers (e.g. "1",
+            "0.5" or an HTTP date), or None for no header.
+        seconds_per_output_token: latency per output token, in seconds (0.0 = instant).
+        base_latency_seconds: fixed latency added to every successful answer, in seconds.
+
+    Raises:
+        ValueError: if a field is out of range.
+    """
+
+    requests_per_minute: int = 50
+    input_tokens_per_minute: int = 40_000
+    output_tokens_per_minute: int = 8_000
+    output_ratio: float = 1.0
+    overload_rate: float = 0.0
+    seed: int = 0
+    fail_first_n: int = 0
+    fail_status: int = 429
+    fail_retry_after: str | None = None
+    seconds_per_output_token: float = 0.0
+    base_latency_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.rate_limits()  # validates the three limits
+        if not 0.0 < self.output_ratio <= 1.0:
+            raise ValueError(f"output_ratio must be in (0, 1], got {self.output_ratio!r}")
+        if not 0.0 <= self.overload_rate <= 1.0:
+            raise ValueError(f"overload_rate must be in [0, 1], got {self.overload_rate!r}")
+        if self.fail_first_n < 0:
+            raise ValueError(f"fail_first_n must be >= 0, got {self.fail_first_n!r}")
+        _check_status(self.fail_status, "fail_status")
+        if self.seconds_per_output_token < 0 or self.base_latency_seconds < 0:
+            raise ValueError("latencies must be >= 0 seconds")
+
+    def rate_limits(self) -> RateLimits:
+        """The per-minute limits as a :class:`~pgqueue.sandbox.limits.RateLimits`.
+
+        Raises:
+            ValueError: if a limit is not a positive int.
+        """
+        return RateLimits(
+            requests_per_minute=self.requests_per_minute,
+            input_tokens_per_minute=self.input_tokens_per_minute,
+            output_tokens_per_minute=self.output_tokens_per_minute,
+        )
+
+
+@dataclass(frozen=True)
+class ScriptedFault:
+    """One scripted error answer.
+
+    Attributes:
+        status: HTTP status, 400..599.
+        retry_after: raw ``retry-after`` header value, or None to omit it.
+        retry_after_ms: raw ``retry-after-ms`` header value (milliseconds), or None.
+
+    Raises:
+        ValueError: if ``status`` is not in 400..599.
+    """
+
+    status: int
+    retry_after: str | None = None
+    retry_after_ms: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_status(self.status, "status")
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error JSON for ``status``: ``{"type": "error", "error": {...}}``."""
+    kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def _texts(value: object) -> list[str]:
+    """Text pieces of a ``system`` / message ``content`` value (string or list of blocks)."""
+    if isinstance(value, str):
+        return [value]
+    out: list[str] = []
+    if isinstance(value, list):
+        for block in value:
+            if isinstance(block, dict):
+                text = block.get("text")
+                if isinstance(text, str):
+                    out.append(text)
+                out.extend(_texts(block.get("content")))  # e.g. tool_result blocks
+            elif isinstance(block, str):
+                out.append(block)
+    return out
+
+
+def count_input_tokens(body: dict[str, Any]) -> int:
+    """Estimate a request's input tokens: ``ceil(characters / 4)``.
+
+    Counts the text of ``system`` (string or list of text blocks) and of every message's
+    ``content`` (string or list of blocks with ``"text"``). Four characters per token is
+    the rule of thumb in Anthropic's docs; the real tokenizer differs.
+    """
+    chars = sum(len(t) for t in _texts(body.get("system")))
+    for message in body.get("messages") or []:
+        if isinstance(message, dict):
+            chars += sum(len(t) for t in _texts(message.get("content")))
+    return math.ceil(chars / CHARS_PER_TOKEN)
+
+
+def output_token_count(max_tokens: int, output_ratio: float) -> int:
+    """Output tokens of one answer: ``max(1, ceil(max_tokens * output_ratio))``, <= max_tokens."""
+    return min(max_tokens, max(1, math.ceil(max_tokens * output_ratio)))
+
+
+def filler_text(tokens: int) -> str:
+    """Filler of exactly ``tokens * 4`` characters, i.e. ``tokens`` tokens by our estimate."""
+    n = tokens * CHARS_PER_TOKEN
+    return (_FILLER * (n // len(_FILLER) + 1))[:n]
+
+
+def rfc3339(epoch_seconds: float) -> str:
+    """RFC 3339 UTC timestamp, rounded up to the whole second, e.g. ``2025-01-01T00:01:00Z``."""
+    return datetime.fromtimestamp(math.ceil(epoch_seconds), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _validation_error(body: object, *, need_max_tokens: bool) -> str | None:
+    """The first problem with a request body, as the API would word it, or None."""
+    if not isinstance(body, dict):
+        return "request body must be a JSON object"
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        return "model: field required (non-empty string)"
+    if need_max_tokens:
+        max_tokens = body.get("max_tokens")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+            return "max_tokens: field required (integer)"
+        if max_tokens <= 0:
+            return "max_tokens: must be greater than or equal to 1"
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "messages: field required (non-empty list)"
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            return f"messages.{i}: must be an object"
+        if message.get("role") not in ("user", "assistant"):
+            return f"messages.{i}.role: must be 'user' or 'assistant'"
+        if not isinstance(message.get("content"), str | list):
+            return f"messages.{i}.content: must be a string or a list of content blocks"
+    system = body.get("system")
+    if system is not None and not isinstance(system, str | list):
+        return "system: must be a string or a list of text blocks"
+    if body.get("stream"):
+        return "stream: streaming is not supported by the pgqueue sandbox"
+    return None
+
+
+class SandboxState:
+    """Mutable server state: limiter, fault script, overload RNG and statistics.
+
+    Lives on ``app.state.sandbox``. Used only from the server's event loop, so it needs
+    no locks.
+    """
+
+    def __init__(
+        self,
+        config: SandboxConfig,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        """Create fresh state.
+
+        Args:
+            config: the sandbox configuration.
+            clock: monotonic clock in seconds, for rate limiting.
+            wall_clock: epoch seconds, for ``*-reset`` headers and stats timestamps.
+        """
+        self.config = config
+        self.wall_clock = wall_clock
+        self.limiter = RateLimiter(config.rate_limits(), clock)
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to the start: full buckets, zero stats, re-seeded RNG, config faults re-armed."""
+        cfg = self.config
+        self.limiter.reset()
+        self.rng = random.Random(cfg.seed)
+        self.script: deque[ScriptedFault] = deque(
+            ScriptedFault(cfg.fail_status, cfg.fail_retry_after) for _ in range(cfg.fail_first_n)
+        )
+        self.counts: dict[str, int] = dict.fromkeys(
+            ("requests", "ok", "4xx", "429", "529", "5xx", "input_tokens", "output_tokens"), 0
+        )
+        self.admitted_at: deque[float] = deque()
+
+    def queue_faults(self, fault: ScriptedFault, count: int) -> int:
+        """Answer the next ``count`` requests with ``fault``; returns faults now pending."""
+        self.script.extend([fault] * count)
+        return len(self.script)
+
+    def record_status(self, status: int) -> None:
+        """Count one ``/v1/messages`` answer with ``status`` in the stats."""
+        if status == 200:
+            self.counts["ok"] += 1
+        elif status in (429, 529):
+            self.counts[str(status)] += 1
+        elif status >= 500:
+            self.counts["5xx"] += 1
+        else:
+            self.counts["4xx"] += 1
+
+    def record_admission(self, input_tokens: int, output_tokens: int) -> None:
+        """Count one admitted request's usage (tokens) and its wall-clock time."""
+        self.counts["input_tokens"] += input_tokens
+        self.counts["output_tokens"] += output_tokens
+        self.admitted_at.append(self.wall_clock())
+        self._prune()
+
+    def _prune(self) -> None:
+        horizon = self.wall_clock() - STATS_WINDOW_SECONDS
+        while self.admitted_at and self.admitted_at[0] < horizon:
+            self.admitted_at.popleft()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since start/reset, as served by ``GET /_sandbox/stats``.
+
+        Keys: ``requests`` (every ``POST /v1/messages``), ``ok`` (200), ``4xx`` (400/401 and
+        scripted 4xx other than 429), ``429``, ``529``, ``5xx`` (other 5xx),
+        ``input_tokens`` / ``output_tokens`` (usage of 200 answers), ``pending_faults`` and
+        ``admitted_at`` (epoch seconds of admissions in the last 600 s, oldest first).
+        """
+        self._prune()
+        return {
+            **self.counts,
+            "pending_faults": len(self.script),
+            "admitted_at": list(self.admitted_at),
+        }
+
+    def ratelimit_headers(self, snapshot: LimitsSnapshot | None = None) -> dict[str, str]:
+        """``anthropic-ratelimit-*`` headers for ``snapshot`` (default: now).
+
+        Per Anthropic's docs: ``*-limit`` is the per-minute limit, ``*-remaining`` what is
+        left now (the real API rounds token counts to the nearest thousand; the sandbox
+        reports exact whole tokens), ``*-reset`` the RFC 3339 time the bucket is full
+        again. ``tokens-*`` repeats whichever of input/output is closer to its limit.
+        """
+        snap = snapshot if snapshot is not None else self.limiter.snapshot()
+        now = self.wall_clock()
+        headers: dict[str, str] = {}
+
+        def put(prefix: str, b: BucketSnapshot) -> None:
+            headers[f"anthropic-ratelimit-{prefix}-limit"] = str(b.limit)
+            headers[f"anthropic-ratelimit-{prefix}-remaining"] = str(b.remaining)
+            headers[f"anthropic-ratelimit-{prefix}-reset"] = rfc3339(now + b.seconds_to_full)
+
+        put("requests", snap.requests)
+        put("input-tokens", snap.input_tokens)
+        put("output-tokens", snap.output_tokens)
+        tightest = min((snap.input_tokens, snap.output_tokens), key=lambda b: b.remaining / b.limit)
+        put("tokens", tightest)
+        return headers
+
+
+def _request_id() -> str:
+    return f"req_sandbox_{uuid.uuid4().hex[:24]}"
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    all_headers = {"request-id": _request_id(), **(headers or {})}
+    return JSONResponse(error_body(status, message), status_code=status, headers=all_headers)
+
+
+def _authenticated(request: Request) -> bool:
+    """Any non-empty ``x-api-key``, or ``Authorization: Bearer <non-empty token>``."""
+    if request.headers.get("x-api-key", "").strip():
+        return True
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and bool(token.strip())
+
+
+async def _json_body(request: Request) -> tuple[object, str | None]:
+    try:
+        return await request.json(), None
+    except ValueError:
+        return None, "request body is not valid JSON"
+
+
+def _rate_limit_message(admission: Admission, cfg: SandboxConfig) -> str:
+    limits = {
+        "requests": f"{cfg.requests_per_minute} requests per minute",
+        "input_tokens": f"{cfg.input_tokens_per_minute} input tokens per minute",
+        "output_tokens": f"{cfg.output_tokens_per_minute} output tokens per minute",
+    }
+    which = ", ".join(limits[name] for name in admission.limiting)
+    if admission.exceeds_capacity:
+        return f"This request alone exceeds the sandbox rate limit of {which}."
+    return f"This request would exceed the sandbox rate limit of {which}."
+
+
+def create_app(
+    config: SandboxConfig | None = None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    wall_clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> Starlette:
+    """Build the sandbox ASGI app.
+
+    Args:
+        config: behaviour; ``SandboxConfig()`` (tier-1 limits, no faults) when None.
+        clock: monotonic clock in seconds for the rate limiter (inject a fake in tests).
+        wall_clock: epoch seconds for ``*-reset`` headers and stats timestamps.
+        sleep: coroutine used for simulated latency, in seconds (``asyncio.sleep``).
+
+    Returns:
+        A Starlette app. Its state is on ``app.state.sandbox`` (a :class:`SandboxState`).
+
+    Routes:
+        ``POST /v1/messages``, ``POST /v1/messages/count_tokens``, ``GET /v1/models``,
+        ``POST /_sandbox/script``, ``GET /_sandbox/stats``, ``POST /_sandbox/reset``.
+    """
+    cfg = config if config is not None else SandboxConfig()
+    state = SandboxState(cfg, clock=clock, wall_clock=wall_clock)
+
+    async def messages(request: Request) -> Response:
+        state.counts["requests"] += 1
+        response = await _messages(request)
+        state.record_status(response.status_code)
+        return response
+
+    async def _messages(request: Request) -> Response:
+        if not _authenticated(request):
+            return _error(401, "x-api-key header or Authorization: Bearer token is required")
+        body, problem = await _json_body(request)
+        problem = problem or _validation_error(body, need_max_tokens=True)
+        if problem is not None or not isinstance(body, dict):
+            return _error(400, problem or "invalid request", state.ratelimit_headers())
+
+        fault = state.script.popleft() if state.script else None
+        if fault is not None:
+            headers = state.ratelimit_headers()
+            if fault.retry_after is not None:
+                headers["retry-after"] = fault.retry_after
+            if fault.retry_after_ms is not None:
+                headers["retry-after-ms"] = fault.retry_after_ms
+            return _error(fault.status, f"Scripted sandbox fault ({fault.status}).", headers)
+
+        if cfg.overload_rate > 0 and state.rng.random() < cfg.overload_rate:
+            return _error(529, "Overloaded", state.ratelimit_headers())
+
+        max_tokens: int = body["max_tokens"]
+        input_tokens = count_input_tokens(body)
+        admission = state.limiter.try_admit(input_tokens, max_tokens)
+        if not admission.admitted:
+            headers = state.ratelimit_headers(admission.snapshot)
+            headers["retry-after"] = str(max(1, math.ceil(admission.retry_after_seconds)))
+            return _error(429, _rate_limit_message(admission, cfg), headers)
+
+        output_tokens = output_token_count(max_tokens, cfg.output_ratio)
+        try:
+            latency = cfg.base_latency_seconds + output_tokens * cfg.seconds_per_output_token
+            if latency > 0:
+                await sleep(latency)
+        finally:
+            state.limiter.refund_output(max_tokens - output_tokens)
+        state.record_admission(input_tokens, output_tokens)
+        payload = {
+            "id": f"msg_sandbox_{uuid.uuid4().hex[:24]}",
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": [{"type": "text", "text": filler_text(output_tokens)}],
+            "stop_reason": "max_tokens" if output_tokens >= max_tokens else "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+        }
+        headers = {"request-id": _request_id(), **state.ratelimit_headers()}
+        return JSONResponse(payload, headers=headers)
+
+    async def count_tokens(request: Request) -> Response:
+        if not _authenticated(request):
+            return _error(401, "x-api-key header or Authorization: Bearer token is required")
+        body, problem = await _json_body(request)
+        problem = problem or _validation_error(body, need_max_tokens=False)
+        if problem is not None or not isinstance(body, dict):
+            return _error(400, problem or "invalid request")
+        return JSONResponse({"input_tokens": count_input_tokens(body)})
+
+    async def models(request: Request) -> Response:
+        if not _authenticated(request):
+            return _error(401, "x-api-key header or Authorization: Bearer token is required")
+        data = [
+            {
+                "type": "model",
+                "id": model_id,
+                "display_name": model_id,
+                "created_at": "2025-01-01T00:00:00Z",
+            }
+            for model_id in _MODELS
+        ]
+        return JSONResponse(
+            {"data": data, "has_more": False, "first_id": _MODELS[0], "last_id": _MODELS[-1]}
+        )
+
+    async def script(request: Request) -> Response:
+        body, problem = await _json_body(request)
+        if problem is not None or not isinstance(body, dict):
+            return _error(400, problem or "body must be a JSON object")
+        count = body.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            return _error(400, "count: must be an integer >= 0")
+        raw = {key: body.get(key) for key in ("retry_after", "retry_after_ms")}
+        if any(v is not None and not isinstance(v, str | int | float) for v in raw.values()):
+            return _error(400, "retry_after / retry_after_ms: must be a string, number or null")
+        try:
+            fault = ScriptedFault(
+                status=body.get("status", 429),
+                retry_after=None if raw["retry_after"] is None else str(raw["retry_after"]),
+                retry_after_ms=(
+                    None if raw["retry_after_ms"] is None else str(raw["retry_after_ms"])
+                ),
+            )
+        except ValueError as exc:
+            return _error(400, str(exc))
+        pending = state.queue_faults(fault, count)
+        return JSONResponse({"queued": count, "pending": pending})
+
+    async def stats(request: Request) -> Response:
+        return JSONResponse(state.stats())
+
+    async def reset(request: Request) -> Response:
+        state.reset()
+        return JSONResponse({"reset": True})
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        return _error(status, f"{request.method} {request.url.path}: {status}")
+
+    app = Starlette(
+        routes=[
+            Route("/v1/messages", messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/_sandbox/script", script, methods=["POST"]),
+            Route("/_sandbox/stats", stats, methods=["GET"]),
+            Route("/_sandbox/reset", reset, methods=["POST"]),
+        ],
+        exception_handlers={HTTPException: http_error},
+    )
+    app.state.sandbox = state
+    return app

@@ -1,0 +1,110 @@
+"""Run the sandbox app under uvicorn: blocking (``serve``) or in a background thread.
+
+One job: process plumbing. ``serve`` is for the CLI / a terminal; ``running_sandbox`` is for
+tests, the demo and benchmarks — it binds 127.0.0.1 on a free port, starts uvicorn in a
+daemon thread, yields the base URL to hand to ``anthropic.Anthropic(base_url=...)`` and
+stops the server on exit.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+
+from pgqueue.sandbox.app import SandboxConfig, create_app
+
+__all__ = ["running_sandbox", "serve"]
+
+#: Seconds ``running_sandbox`` waits for uvicorn to start, and again for it to stop.
+STARTUP_TIMEOUT_SECONDS = 10.0
+
+
+def _uvicorn_config(
+    app: Starlette, host: str, port: int, *, configure_logging: bool = True
+) -> uvicorn.Config:
+    """uvicorn settings; ``configure_logging=False`` leaves the process's logging config alone."""
+    logging_kwargs: dict[str, Any] = {} if configure_logging else {"log_config": None}
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http="h11",
+        ws="none",
+        lifespan="off",
+        access_log=False,
+        log_level="warning",
+        timeout_graceful_shutdown=2,
+        **logging_kwargs,
+    )
+
+
+def serve(config: SandboxConfig, host: str = "127.0.0.1", port: int = 8765) -> None:
+    """Serve the sandbox on ``host:port`` until interrupted (blocks; Ctrl-C stops it).
+
+    Raises:
+        SystemExit: if uvicorn cannot bind the address (uvicorn logs the error and exits).
+    """
+    uvicorn.Server(_uvicorn_config(create_app(config), host=host, port=port)).run()
+
+
+@contextmanager
+def running_sandbox(
+    config: SandboxConfig | None = None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    wall_clock: Callable[[], float] = time.time,
+) -> Iterator[str]:
+    """Run the sandbox in a background thread; yield its base URL, e.g. ``http://127.0.0.1:54321``.
+
+    The socket is bound to 127.0.0.1 port 0 before uvicorn starts, so the port is free and
+    known without races. On exit the server is asked to stop and the thread joined.
+
+    Args:
+        config: sandbox behaviour; defaults to ``SandboxConfig()``.
+        clock: monotonic clock in seconds for the rate limiter.
+        wall_clock: epoch seconds for reset headers and stats.
+
+    Raises:
+        RuntimeError: if uvicorn does not start within ``STARTUP_TIMEOUT_SECONDS``.
+    """
+    app = create_app(config, clock=clock, wall_clock=wall_clock)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port: int = sock.getsockname()[1]
+    server = uvicorn.Server(
+        _uvicorn_config(app, host="127.0.0.1", port=port, configure_logging=False)
+    )
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            server.run(sockets=[sock])
+        except BaseException as exc:  # reported to the caller below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name=f"pgqueue-sandbox-{port}", daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        while not server.started:
+            if errors or not thread.is_alive():
+                raise RuntimeError(f"sandbox server failed to start: {errors!r}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("sandbox server did not start in time")
+            time.sleep(0.005)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(STARTUP_TIMEOUT_SECONDS)
+        if thread.is_alive():
+            server.force_exit = True
+            thread.join(STARTUP_TIMEOUT_SECONDS)
+        sock.close()

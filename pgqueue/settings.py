@@ -1,0 +1,83 @@
+"""Process settings: one frozen :class:`Settings`, read from ``PGQUEUE_*`` environment variables.
+
+Durations are floats named ``*_seconds``; ``None`` means disabled, never 0 or -1. Settings that
+SQL functions need (payload cap, known-tenant rule) are also readable by the database through
+the GUCs ``pgqueue.max_payload_bytes`` and ``pgqueue.require_known_tenant``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """All tunables of a pgqueue process, with their units in their names.
+
+    Raises ``pydantic.ValidationError`` when the lease does not outlive the provider timeout
+    and the heartbeat interval (a job must never outlive its lease while still running).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="PGQUEUE_", frozen=True, extra="ignore")
+
+    dsn: str | None = Field(
+        default=None, description="libpq DSN or URL; unset means the embedded Postgres."
+    )
+    embedded_data_dir: Path | None = Field(
+        default=None, description="Where the embedded Postgres keeps its data (a default per user)."
+    )
+
+    # --- enqueue boundary
+    max_payload_bytes: int = Field(default=1_048_576, gt=0)
+    max_tenant_id_chars: int = Field(default=128, gt=0)
+    default_max_attempts: int = Field(default=5, ge=1, le=1000)
+
+    # --- worker
+    concurrency: int = Field(default=10, ge=1, le=10_000)
+    poll_interval_seconds: float = Field(default=1.0, gt=0)
+    lease_seconds: float = Field(default=120.0, gt=0)
+    heartbeat_seconds: float = Field(default=15.0, gt=0)
+    provider_timeout_seconds: float = Field(default=90.0, gt=0)
+    shutdown_grace_seconds: float = Field(default=30.0, ge=0)
+    rescue_interval_seconds: float = Field(default=15.0, gt=0)
+    burst_horizon_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description="`work --burst` waits for queued jobs due within this horizon before exiting.",
+    )
+
+    # --- retries and backpressure (the article's figures)
+    retry_after_multiplier: float = Field(default=1.2, gt=0)
+    retry_after_jitter: float = Field(default=0.2, ge=0, lt=1)
+    default_retry_after_seconds: float = Field(default=1.0, gt=0)
+    max_throttle_retries: int = Field(default=4, ge=0)
+    backoff_base_seconds: float = Field(default=1.0, gt=0)
+    backoff_cap_seconds: float = Field(default=300.0, gt=0)
+
+    # --- provider
+    anthropic_base_url: str | None = Field(
+        default=None, description="Overrides ANTHROPIC_BASE_URL (e.g. the local sandbox)."
+    )
+    anthropic_api_key_file: Path | None = Field(
+        default=None, description="A file holding the API key; else ANTHROPIC_API_KEY is used."
+    )
+    anthropic_api_key: SecretStr | None = Field(default=None, exclude=True, repr=False)
+
+    @model_validator(mode="after")
+    def _lease_outlives_work(self) -> Settings:
+        if self.provider_timeout_seconds >= self.lease_seconds:
+            raise ValueError(
+                f"provider_timeout_seconds ({self.provider_timeout_seconds}) must be shorter than "
+                f"lease_seconds ({self.lease_seconds}), or a second worker could run the same job"
+            )
+        if self.heartbeat_seconds >= self.lease_seconds:
+            raise ValueError("heartbeat_seconds must be shorter than lease_seconds")
+        return self
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read settings from the environment, with keyword overrides (CLI flags) on top."""
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    return Settings(**clean)  # type: ignore[arg-type]

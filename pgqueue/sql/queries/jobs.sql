@@ -1,0 +1,136 @@
+-- The claim path and every guarded state transition of a job.
+
+-- name: job_claim :many
+-- Tier order, then FIFO. Claims only due, queued jobs; SKIP LOCKED lets workers claim side by
+-- side. The DRR issue replaces the ORDER BY; every caller goes through this one statement.
+WITH picked AS (
+    SELECT j.id, j.tenant_id
+    FROM pgqueue.jobs j
+    WHERE j.state = 'queued' AND j.run_at <= now()
+    ORDER BY j.priority, j.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE pgqueue.jobs j
+SET state = 'running',
+    attempts = j.attempts + 1,
+    started_at = now(),
+    worker_id = %(worker_id)s,
+    lease_token = gen_random_uuid(),
+    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+FROM picked
+WHERE j.id = picked.id AND j.tenant_id = picked.tenant_id
+RETURNING j.id, j.tenant_id, j.kind, j.priority, j.payload, j.cost, j.attempts, j.max_attempts,
+          j.throttle_retries, j.enqueued_at, j.lease_token::text AS lease_token, j.model,
+          j.est_input_tokens
+
+-- name: job_complete :execrows
+-- Fenced: only the lease holder of a running job can record its success.
+UPDATE pgqueue.jobs
+SET state = 'succeeded',
+    finished_at = now(),
+    result = %(result)s,
+    input_tokens = %(input_tokens)s,
+    output_tokens = %(output_tokens)s,
+    last_error = NULL,
+    lease_expires_at = NULL
+WHERE id = %(id)s AND tenant_id = %(tenant_id)s
+  AND state = 'running' AND lease_token = %(lease_token)s::uuid
+
+-- name: job_retry :one
+-- Fenced. Back to the queue after a delay, or failed once attempts are spent or the error is
+-- permanent. Returns the new state (no row: the lease was lost).
+UPDATE pgqueue.jobs
+SET state = CASE WHEN %(permanent)s OR attempts >= max_attempts
+                 THEN 'failed'::pgqueue.job_state ELSE 'queued'::pgqueue.job_state END,
+    finished_at = CASE WHEN %(permanent)s OR attempts >= max_attempts THEN now() END,
+    run_at = CASE WHEN %(permanent)s OR attempts >= max_attempts THEN run_at
+                  ELSE now() + make_interval(secs => %(delay_seconds)s) END,
+    last_error = %(error)s,
+    worker_id = NULL,
+    lease_token = NULL,
+    lease_expires_at = NULL
+WHERE id = %(id)s AND tenant_id = %(tenant_id)s
+  AND state = 'running' AND lease_token = %(lease_token)s::uuid
+RETURNING state::text AS state
+
+-- name: job_throttle :one
+-- Fenced. The provider said 429/529: reschedule at now() + wait (database clock) without
+-- consuming a failure attempt, count the throttle retry, record a throttle event for the
+-- tenant; past max_throttle_retries the job fails with the reason kept.
+WITH moved AS (
+    UPDATE pgqueue.jobs
+    SET state = CASE WHEN throttle_retries + 1 > %(max_throttle_retries)s
+                     THEN 'failed'::pgqueue.job_state ELSE 'queued'::pgqueue.job_state END,
+        finished_at = CASE WHEN throttle_retries + 1 > %(max_throttle_retries)s THEN now() END,
+        run_at = now() + make_interval(secs => %(wait_seconds)s),
+        attempts = greatest(attempts - 1, 0),
+        throttle_retries = throttle_retries + 1,
+        last_error = %(error)s,
+        worker_id = NULL,
+        lease_token = NULL,
+        lease_expires_at = NULL
+    WHERE id = %(id)s AND tenant_id = %(tenant_id)s
+      AND state = 'running' AND lease_token = %(lease_token)s::uuid
+    RETURNING id, tenant_id, model, state
+), recorded AS (
+    INSERT INTO pgqueue.throttle_events (tenant_id, job_id, model, status_code,
+                                         retry_after_seconds)
+    SELECT moved.tenant_id, moved.id, moved.model, %(status_code)s, %(retry_after_seconds)s
+    FROM moved
+)
+SELECT state::text AS state FROM moved
+
+-- name: job_interrupt :execrows
+-- Fenced. The worker stopped before the job finished: back to the queue at once, the attempt
+-- not counted.
+UPDATE pgqueue.jobs
+SET state = 'queued',
+    attempts = greatest(attempts - 1, 0),
+    run_at = now(),
+    last_error = %(error)s,
+    worker_id = NULL,
+    lease_token = NULL,
+    lease_expires_at = NULL
+WHERE id = %(id)s AND tenant_id = %(tenant_id)s
+  AND state = 'running' AND lease_token = %(lease_token)s::uuid
+
+-- name: job_heartbeat :many
+-- Extends the leases this worker still holds; returns the ids whose lease it still holds.
+UPDATE pgqueue.jobs j
+SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+FROM unnest(%(ids)s::bigint[], %(tenant_ids)s::text[], %(lease_tokens)s::uuid[])
+     AS held(id, tenant_id, lease_token)
+WHERE j.id = held.id AND j.tenant_id = held.tenant_id
+  AND j.state = 'running' AND j.lease_token = held.lease_token
+RETURNING j.id
+
+-- name: job_rescue :many
+-- Jobs whose lease expired (their worker died) go back to the queue, or fail once their
+-- attempts are spent, so a poison job cannot loop forever.
+WITH expired AS (
+    SELECT id, tenant_id
+    FROM pgqueue.jobs
+    WHERE state = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE pgqueue.jobs j
+SET state = CASE WHEN j.attempts >= j.max_attempts
+                 THEN 'failed'::pgqueue.job_state ELSE 'queued'::pgqueue.job_state END,
+    finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
+    run_at = now(),
+    last_error = 'lease expired (worker lost)',
+    worker_id = NULL,
+    lease_token = NULL,
+    lease_expires_at = NULL
+FROM expired
+WHERE j.id = expired.id AND j.tenant_id = expired.tenant_id
+RETURNING j.id, j.state::text AS state
+
+-- name: job_next_due :one
+-- Seconds (database clock) until the earliest queued job is due; NULL when nothing is queued.
+SELECT extract(epoch FROM min(run_at) - now())::double precision AS seconds
+FROM pgqueue.jobs
+WHERE state = 'queued'

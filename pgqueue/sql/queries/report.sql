@@ -1,0 +1,61 @@
+-- Read-only summaries for `pgqueue status`, the demo and replay reports.
+
+-- name: report_depth :many
+SELECT priority::text AS tier, state::text AS state, count(*) AS jobs
+FROM pgqueue.jobs
+WHERE state IN ('queued', 'running')
+GROUP BY priority, state
+ORDER BY priority, state
+
+-- name: report_oldest_queued :many
+SELECT priority::text AS tier,
+       extract(epoch FROM now() - min(enqueued_at))::double precision AS oldest_seconds
+FROM pgqueue.jobs
+WHERE state = 'queued'
+GROUP BY priority
+ORDER BY priority
+
+-- name: report_top_tenants :many
+SELECT tenant_id,
+       count(*) FILTER (WHERE state = 'queued') AS queued,
+       count(*) FILTER (WHERE state = 'running') AS running,
+       count(*) FILTER (WHERE state = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE state = 'failed') AS failed,
+       coalesce(sum(input_tokens), 0) AS input_tokens,
+       coalesce(sum(output_tokens), 0) AS output_tokens
+FROM pgqueue.jobs
+WHERE enqueued_at >= coalesce(%(since)s, '-infinity'::timestamptz)
+GROUP BY tenant_id
+ORDER BY count(*) FILTER (WHERE state IN ('queued', 'running')) DESC,
+         coalesce(sum(input_tokens), 0) DESC, tenant_id
+LIMIT %(limit)s
+
+-- name: report_tier_latency :many
+-- Enqueue-to-finish latency (seconds) of jobs enqueued since a time, per tier.
+SELECT priority::text AS tier,
+       count(*) AS jobs,
+       count(*) FILTER (WHERE state = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE state = 'failed') AS failed,
+       percentile_cont(0.5) WITHIN GROUP (
+           ORDER BY extract(epoch FROM finished_at - enqueued_at)) AS p50_seconds,
+       percentile_cont(0.99) WITHIN GROUP (
+           ORDER BY extract(epoch FROM finished_at - enqueued_at)) AS p99_seconds
+FROM pgqueue.jobs
+WHERE enqueued_at >= %(since)s
+GROUP BY priority
+ORDER BY priority
+
+-- name: report_throttles_since :one
+SELECT count(*) AS throttles,
+       count(*) FILTER (WHERE status_code = 429) AS http_429,
+       count(*) FILTER (WHERE status_code = 529) AS http_529
+FROM pgqueue.throttle_events
+WHERE occurred_at >= %(since)s
+
+-- name: report_unfinished_since :one
+SELECT count(*) AS unfinished
+FROM pgqueue.jobs
+WHERE enqueued_at >= %(since)s AND state IN ('queued', 'running')
+
+-- name: db_now :one
+SELECT now() AS now

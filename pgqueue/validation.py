@@ -1,0 +1,164 @@
+"""Input validation at the enqueue boundary, before anything touches the database.
+
+The SQL function ``pgqueue.validate_job`` applies the same rules to SQL callers; checking here
+first keeps the caller's transaction usable (a failed SQL statement would abort it). Both sides
+raise the same error classes (see :mod:`pgqueue.errors`), and a property test holds them equal.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pgqueue.errors import (
+    InvalidArgument,
+    InvalidKind,
+    InvalidPayload,
+    InvalidSla,
+    InvalidTenant,
+    NulCharacter,
+    PayloadTooLarge,
+    UnknownOrigin,
+)
+from pgqueue.models import DEFAULT_KIND, Origin
+
+MAX_TENANT_ID_CHARS = 128
+MAX_KIND_CHARS = 128
+MAX_ATTEMPTS_LIMIT = 1000
+_INT32_MAX = 2_147_483_647
+# An escaped U+0000 that is not itself an escaped backslash followed by "u0000".
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedJob:
+    """A job that passed validation, with its payload already encoded as JSON text."""
+
+    tenant_id: str
+    origin: Origin
+    payload: Mapping[str, Any]
+    payload_json: str
+    sla_seconds: float | None
+    kind: str
+    max_attempts: int | None
+    run_at: datetime | None
+
+
+def _check_text(value: object, what: str, limit: int, error: type[Exception]) -> str:
+    if not isinstance(value, str) or value == "" or len(value) > limit:
+        raise error(f"{what} must be a string of 1 to {limit} characters, got {value!r:.80}")
+    if "\x00" in value:
+        raise NulCharacter(f"{what} contains a NUL character (U+0000)")
+    return value
+
+
+def check_origin(origin: object) -> Origin:
+    """Parse ``origin``; raises :class:`UnknownOrigin` for anything but the three origins."""
+    if isinstance(origin, Origin):
+        return origin
+    if isinstance(origin, str):
+        try:
+            return Origin(origin)
+        except ValueError:
+            pass
+    allowed = ", ".join(o.value for o in Origin)
+    raise UnknownOrigin(f"unknown origin {origin!r:.80}; expected one of {allowed}")
+
+
+def check_sla(sla_seconds: object) -> float | None:
+    """``None`` or a finite number of seconds ≥ 0; raises :class:`InvalidSla` otherwise."""
+    if sla_seconds is None:
+        return None
+    if isinstance(sla_seconds, bool) or not isinstance(sla_seconds, int | float):
+        raise InvalidSla(f"sla_seconds must be a number of seconds or None, got {sla_seconds!r}")
+    value = float(sla_seconds)
+    if not math.isfinite(value) or value < 0:
+        raise InvalidSla(f"sla_seconds must be finite and >= 0, got {sla_seconds!r}")
+    return value
+
+
+def encode_payload(payload: object, max_payload_bytes: int) -> str:
+    """Encode ``payload`` as JSON text the way Postgres prints jsonb, and check its size.
+
+    Raises:
+        InvalidPayload: not a JSON object, not serialisable, or holds NaN/Infinity.
+        NulCharacter: a string (or key) holds U+0000, which jsonb cannot store.
+        PayloadTooLarge: the encoded text is over ``max_payload_bytes`` (UTF-8 bytes).
+    """
+    if not isinstance(payload, Mapping):
+        raise InvalidPayload(
+            f"payload must be a JSON object (a mapping), got {type(payload).__name__}"
+        )
+    try:
+        text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(", ", ": "))
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(f"payload is not valid JSON: {exc}") from None
+    if _NUL_ESCAPE.search(text):
+        raise NulCharacter("payload contains a NUL character (U+0000), which Postgres cannot store")
+    size = len(text.encode("utf-8", errors="surrogatepass"))
+    if size > max_payload_bytes:
+        raise PayloadTooLarge(f"payload is {size} bytes, over the cap of {max_payload_bytes} bytes")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidPayload("payload holds a lone surrogate, which is not valid UTF-8") from None
+    return text
+
+
+def check_messages_payload(payload: Mapping[str, Any]) -> None:
+    """Minimal Messages API parameters: ``model``, ``max_tokens`` > 0, non-empty ``messages``.
+
+    Raises:
+        InvalidPayload: naming the first field that is wrong.
+    """
+    model = payload.get("model")
+    if not isinstance(model, str) or model == "":
+        raise InvalidPayload("payload.model must be a non-empty string")
+    max_tokens = payload.get("max_tokens")
+    if (
+        isinstance(max_tokens, bool)
+        or not isinstance(max_tokens, int | float)
+        or not math.isfinite(max_tokens)
+        or max_tokens != int(max_tokens)
+        or not 0 < max_tokens <= _INT32_MAX
+    ):
+        raise InvalidPayload("payload.max_tokens must be a positive integer")
+    messages = payload.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidPayload("payload.messages must be a non-empty array")
+
+
+def check_job(
+    *,
+    tenant_id: object,
+    origin: object,
+    payload: object,
+    sla_seconds: object = None,
+    kind: object = DEFAULT_KIND,
+    max_attempts: object = None,
+    run_at: object = None,
+    max_payload_bytes: int = 1_048_576,
+) -> CheckedJob:
+    """Validate one job's arguments; raise the first typed :class:`UsageError` found."""
+    tid = _check_text(tenant_id, "tenant_id", MAX_TENANT_ID_CHARS, InvalidTenant)
+    parsed_origin = check_origin(origin)
+    sla = check_sla(sla_seconds)
+    kind_text = _check_text(kind, "kind", MAX_KIND_CHARS, InvalidKind)
+    if max_attempts is not None and (
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT
+    ):
+        raise InvalidArgument(f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}")
+    if run_at is not None and not (isinstance(run_at, datetime) and run_at.tzinfo is not None):
+        raise InvalidArgument("run_at must be a timezone-aware datetime or None")
+    text = encode_payload(payload, max_payload_bytes)
+    assert isinstance(payload, Mapping)
+    if kind_text == DEFAULT_KIND:
+        check_messages_payload(payload)
+    return CheckedJob(tid, parsed_origin, payload, text, sla, kind_text, max_attempts, run_at)

@@ -1,0 +1,117 @@
+"""Writes outcomes back, fenced by the lease token, shielded from cancellation.
+
+Every write is guarded (``state = 'running' AND lease_token = …``): a worker that lost its
+lease cannot overwrite what the job's new owner wrote; its outcome is logged and dropped.
+Transient database errors (deadlock, serialization failure, dropped connection) are retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, assert_never
+
+import psycopg
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from pgqueue.db import queries
+from pgqueue.models import Failed, Interrupted, Job, Outcome, Succeeded, Throttled
+from pgqueue.settings import Settings
+
+log = logging.getLogger("pgqueue.worker")
+
+#: Errors worth retrying on the claim and completion paths.
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
+    psycopg.OperationalError,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.SerializationFailure,
+)
+
+
+def transient_retry(attempts: int = 6) -> AsyncRetrying:
+    """A tenacity policy for transient database errors: jittered exponential, ~10 s in all."""
+    return AsyncRetrying(
+        retry=retry_if_exception_type(TRANSIENT_ERRORS),
+        wait=wait_exponential_jitter(initial=0.05, max=3.0),
+        stop=stop_after_attempt(attempts),
+        reraise=True,
+    )
+
+
+class Completer:
+    """Records each job's outcome with one guarded statement.
+
+    :meth:`record` returns the job's new state (``succeeded``, ``queued``, ``failed``), or
+    ``None`` when the lease was lost and the outcome dropped.
+    """
+
+    def __init__(self, pool: AsyncConnectionPool[Any], settings: Settings) -> None:
+        self._pool = pool
+        self._settings = settings
+
+    async def record(self, job: Job, outcome: Outcome) -> str | None:
+        """Write ``outcome`` for ``job``; survives cancellation of the calling task."""
+        return await asyncio.shield(self._record(job, outcome))
+
+    async def _record(self, job: Job, outcome: Outcome) -> str | None:
+        name, params, success_state = self._statement(job, outcome)
+        async for attempt in transient_retry():
+            with attempt:
+                async with self._pool.connection() as conn:
+                    result = await queries.arun(conn, name, params)
+        if success_state is not None:
+            state = success_state if result else None
+        else:
+            state = None if result is None else str(result["state"])
+        if state is None:
+            log.warning(
+                "job %s: lease lost before its outcome was recorded; outcome dropped", job.id
+            )
+        return state
+
+    def _statement(self, job: Job, outcome: Outcome) -> tuple[str, dict[str, Any], str | None]:
+        key = {"id": job.id, "tenant_id": job.tenant_id, "lease_token": job.lease_token}
+        match outcome:
+            case Succeeded(result=result, input_tokens=itok, output_tokens=otok):
+                return (
+                    "job_complete",
+                    {
+                        **key,
+                        "result": None if result is None else Jsonb(result),
+                        "input_tokens": itok,
+                        "output_tokens": otok,
+                    },
+                    "succeeded",
+                )
+            case Failed(error=error, retry_in_seconds=delay, permanent=permanent):
+                return (
+                    "job_retry",
+                    {**key, "error": error, "delay_seconds": delay, "permanent": permanent},
+                    None,
+                )
+            case Throttled(
+                error=error, wait_seconds=wait, status_code=status, retry_after_seconds=hint
+            ):
+                return (
+                    "job_throttle",
+                    {
+                        **key,
+                        "error": error,
+                        "wait_seconds": wait,
+                        "status_code": status,
+                        "retry_after_seconds": hint,
+                        "max_throttle_retries": self._settings.max_throttle_retries,
+                    },
+                    None,
+                )
+            case Interrupted(reason=reason):
+                return ("job_interrupt", {**key, "error": reason}, "queued")
+            case _:
+                assert_never(outcome)

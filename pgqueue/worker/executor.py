@@ -1,0 +1,97 @@
+"""Runs one claimed job through its handler and turns whatever happens into one Outcome.
+
+Only the executor catches handler exceptions. Every path ends in Succeeded, Failed (retry at a
+delay, or permanent), or Throttled; cancellation propagates to the runtime, which records
+Interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+from typing import Any
+
+from pgqueue.errors import Discard, InvalidKind, RateLimited, RetryLater
+from pgqueue.handlers.registry import Handler, Registry
+from pgqueue.models import Failed, HandlerResult, Job, Outcome, Succeeded, Throttled
+from pgqueue.scheduling.backpressure import backoff_seconds, throttle_wait_seconds
+from pgqueue.settings import Settings
+
+_MAX_ERROR_CHARS = 2000
+
+
+def _is_async_callable(fn: object) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - instances with an async __call__
+    )
+
+
+async def _call(handler: Handler, job: Job) -> Any:
+    if _is_async_callable(handler):
+        return await handler(job)  # type: ignore[misc]
+    result = await asyncio.to_thread(handler, job)
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+def _to_success(returned: Any) -> Outcome:
+    if isinstance(returned, HandlerResult):
+        return Succeeded(returned.result, returned.input_tokens, returned.output_tokens)
+    if returned is None or isinstance(returned, dict):
+        return Succeeded(returned)
+    return Failed(
+        f"handler returned {type(returned).__name__}; expected dict, HandlerResult or None",
+        retry_in_seconds=0.0,
+        permanent=True,
+    )
+
+
+async def execute(job: Job, registry: Registry, settings: Settings, rng: random.Random) -> Outcome:
+    """Run ``job`` with the handler registered for its kind and return its outcome.
+
+    The handler gets ``provider_timeout_seconds`` (shorter than the lease). Retry delays come
+    from :func:`backoff_seconds`; throttle waits from :func:`throttle_wait_seconds` (the
+    provider's ``retry-after`` × 1.2 ± 20 %). Raises only ``asyncio.CancelledError``.
+    """
+    try:
+        handler = registry.get(job.kind)
+    except InvalidKind as exc:
+        return Failed(f"{exc} on this worker", _backoff(job, settings, rng))
+    try:
+        returned = await asyncio.wait_for(_call(handler, job), settings.provider_timeout_seconds)
+    except RateLimited as exc:
+        wait = throttle_wait_seconds(
+            exc.retry_after_seconds,
+            rng,
+            multiplier=settings.retry_after_multiplier,
+            jitter=settings.retry_after_jitter,
+            default_seconds=settings.default_retry_after_seconds,
+        )
+        return Throttled(
+            exc.reason[:_MAX_ERROR_CHARS], wait, exc.status_code, exc.retry_after_seconds
+        )
+    except RetryLater as exc:
+        delay = exc.delay_seconds if exc.delay_seconds is not None else _backoff(job, settings, rng)
+        return Failed(exc.reason[:_MAX_ERROR_CHARS], max(delay, 0.0))
+    except Discard as exc:
+        return Failed(exc.reason[:_MAX_ERROR_CHARS], 0.0, permanent=True)
+    except TimeoutError:
+        return Failed(
+            f"timed out after {settings.provider_timeout_seconds} s", _backoff(job, settings, rng)
+        )
+    except Exception as exc:
+        return Failed(
+            f"{type(exc).__name__}: {exc}"[:_MAX_ERROR_CHARS], _backoff(job, settings, rng)
+        )
+    return _to_success(returned)
+
+
+def _backoff(job: Job, settings: Settings, rng: random.Random) -> float:
+    return backoff_seconds(
+        max(job.attempts, 1),
+        rng,
+        base_seconds=settings.backoff_base_seconds,
+        cap_seconds=settings.backoff_cap_seconds,
+    )

@@ -1,0 +1,317 @@
+"""The worker's composition root: producer loop, executors, heartbeats, rescue, shutdown.
+
+One asyncio process runs up to ``concurrency`` jobs. The producer is the only task that
+claims: it wakes on NOTIFY, a jittered poll, a freed slot or the next due ``run_at``, and
+claims at most the free slots, so a job is claimed only when it can start at once. Shutdown
+order (fixed here): stop claiming → let running jobs finish within the grace period → return
+the rest to the queue (Interrupted, no attempt used) → stop background tasks → close the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import signal
+import socket
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from pgqueue.db import queries
+from pgqueue.db.migrate import check_schema
+from pgqueue.handlers.anthropic import KIND as ANTHROPIC_KIND
+from pgqueue.handlers.anthropic import AnthropicMessagesHandler
+from pgqueue.handlers.registry import NOOP_KIND, Registry, noop
+from pgqueue.models import Interrupted, Job, Outcome, Tier
+from pgqueue.settings import Settings
+from pgqueue.worker.completer import Completer, transient_retry
+from pgqueue.worker.executor import execute
+from pgqueue.worker.notifier import Notifier
+
+log = logging.getLogger("pgqueue.worker")
+
+
+def builtin_registry(settings: Settings) -> Registry:
+    """The handlers every worker has: ``anthropic.messages`` and ``pgqueue.noop``."""
+    registry = Registry()
+    registry.register(ANTHROPIC_KIND, AnthropicMessagesHandler(settings))
+    registry.register(NOOP_KIND, noop)
+    return registry
+
+
+def default_worker_id() -> str:
+    """``host:pid:random`` — unique per process, readable in ``pgqueue.jobs.worker_id``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class WorkerStats:
+    """Counts of what one worker run did, by outcome (``succeeded``, ``queued``, ...)."""
+
+    claimed: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    lost_leases: int = 0
+    rescued: int = 0
+
+
+def _job_from_row(row: dict[str, Any]) -> Job:
+    return Job(
+        id=row["id"],
+        tenant_id=row["tenant_id"],
+        kind=row["kind"],
+        priority=Tier(row["priority"]),
+        payload=row["payload"],
+        cost=float(row["cost"]),
+        attempts=row["attempts"],
+        max_attempts=row["max_attempts"],
+        throttle_retries=row["throttle_retries"],
+        enqueued_at=row["enqueued_at"],
+        lease_token=row["lease_token"],
+        model=row["model"],
+        est_input_tokens=row["est_input_tokens"],
+    )
+
+
+class Worker:
+    """One ``pgqueue work`` process.
+
+    Args:
+        dsn: where the queue lives.
+        settings: tunables (lease, heartbeat, poll interval, grace period, retry policy).
+        registry: handlers by kind; the built-ins are added under it.
+        concurrency: jobs in flight at once (default ``settings.concurrency``).
+        burst: exit when nothing is queued within ``settings.burst_horizon_seconds``.
+        listen: use LISTEN/NOTIFY (off → poll only, e.g. behind PgBouncer in transaction mode).
+
+    Raises (from :meth:`run`):
+        SchemaOutOfDate: the schema is missing or behind; the message says to run migrate.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        settings: Settings,
+        registry: Registry | None = None,
+        *,
+        concurrency: int | None = None,
+        burst: bool = False,
+        listen: bool = True,
+        worker_id: str | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.dsn = dsn
+        self.settings = settings
+        self.registry = builtin_registry(settings).merged(registry or Registry())
+        self.concurrency = concurrency or settings.concurrency
+        self.burst = burst
+        self.listen = listen
+        self.worker_id = worker_id or default_worker_id()
+        self.stats = WorkerStats()
+        self._rng = random.Random(seed)
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._stopping = False
+        self._hard_stop = False
+        self._inflight: dict[int, tuple[Job, asyncio.Task[None]]] = {}
+        self._pool: AsyncConnectionPool[Any] | None = None
+        self._completer: Completer | None = None
+
+    # ------------------------------------------------------------------ control
+    def wake(self) -> None:
+        """Ask the producer to try a claim now (NOTIFY, freed slot, rescue)."""
+        self._wake.set()
+
+    def request_stop(self, *, hard: bool = False) -> None:
+        """Stop claiming; with ``hard``, also interrupt running jobs now (back to the queue)."""
+        self._stopping = True
+        self._stop.set()
+        self._wake.set()
+        if hard and not self._hard_stop:
+            self._hard_stop = True
+            for _job, task in list(self._inflight.values()):
+                task.cancel()
+
+    def _on_signal(self) -> None:
+        if self._stopping:
+            log.warning("second signal: returning running jobs to the queue")
+            self.request_stop(hard=True)
+        else:
+            log.info(
+                "stopping: no new claims; waiting up to %.0f s for %d running job(s)",
+                self.settings.shutdown_grace_seconds,
+                len(self._inflight),
+            )
+            self.request_stop()
+
+    # --------------------------------------------------------------------- run
+    async def run(self, *, install_signal_handlers: bool = True) -> WorkerStats:
+        """Work until stopped (or, in burst mode, until nothing is left); returns the stats."""
+        await asyncio.to_thread(self._check_schema)
+        loop = asyncio.get_running_loop()
+        if install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_signal)
+        pool_size = min(self.concurrency, 8) + 2
+        self._pool = AsyncConnectionPool(
+            self.dsn, min_size=1, max_size=pool_size, kwargs={"autocommit": True}, open=False
+        )
+        await self._pool.open(wait=True)
+        self._completer = Completer(self._pool, self.settings)
+        background: list[asyncio.Task[None]] = [
+            asyncio.create_task(self._heartbeat_loop(), name="pgqueue-heartbeat"),
+            asyncio.create_task(self._rescue_loop(), name="pgqueue-rescuer"),
+        ]
+        if self.listen:
+            notifier = Notifier(self.dsn, self.wake)
+            background.append(asyncio.create_task(notifier.run(self._stop), name="pgqueue-listen"))
+        try:
+            await self._produce()
+            await self._drain()
+        finally:
+            self._stop.set()
+            for task in background:
+                task.cancel()
+            for task in background:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            await self._close_handlers()
+            await self._pool.close()
+            if install_signal_handlers:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+        return self.stats
+
+    def _check_schema(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            check_schema(conn)
+
+    async def _produce(self) -> None:
+        while not self._stopping:
+            free = self.concurrency - len(self._inflight)
+            claimed = 0
+            if free > 0:
+                self._wake.clear()
+                claimed = await self._claim(free)
+                if claimed == free:
+                    continue  # the queue may hold more: claim again once a slot frees
+            timeout = self.settings.poll_interval_seconds * self._rng.uniform(0.8, 1.2)
+            if free > 0 and claimed == 0:
+                due = await self._next_due()
+                if (
+                    self.burst
+                    and not self._inflight
+                    and (due is None or due > self.settings.burst_horizon_seconds)
+                ):
+                    log.info("burst: nothing left to run; exiting")
+                    return
+                if due is not None:
+                    timeout = min(timeout, max(due, 0.01))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    async def _claim(self, limit: int) -> int:
+        assert self._pool is not None
+        params = {
+            "limit": limit,
+            "worker_id": self.worker_id,
+            "lease_seconds": self.settings.lease_seconds,
+        }
+        async for attempt in transient_retry():
+            with attempt:
+                async with self._pool.connection() as conn:
+                    rows = await queries.arun(conn, "job_claim", params)
+        for row in rows:
+            job = _job_from_row(row)
+            task = asyncio.create_task(self._run_job(job), name=f"pgqueue-job-{job.id}")
+            self._inflight[job.id] = (job, task)
+        self.stats.claimed += len(rows)
+        return len(rows)
+
+    async def _next_due(self) -> float | None:
+        assert self._pool is not None
+        async with self._pool.connection() as conn:
+            row = await queries.arun(conn, "job_next_due")
+        return None if row is None or row["seconds"] is None else float(row["seconds"])
+
+    async def _run_job(self, job: Job) -> None:
+        assert self._completer is not None
+        outcome: Outcome
+        try:
+            try:
+                outcome = await execute(job, self.registry, self.settings, self._rng)
+            except asyncio.CancelledError:
+                outcome = Interrupted()
+            try:
+                state = await self._completer.record(job, outcome)
+            except Exception:
+                log.exception("job %s: could not record its outcome; the rescuer will", job.id)
+                state = None
+            self.stats.outcomes[state or "lease_lost"] += 1
+        finally:
+            self._inflight.pop(job.id, None)
+            self._wake.set()
+
+    async def _drain(self) -> None:
+        tasks = [task for _job, task in self._inflight.values()]
+        if not tasks:
+            return
+        grace = self.settings.shutdown_grace_seconds
+        _done, pending = await asyncio.wait(tasks, timeout=None if self.burst else grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+
+    async def _heartbeat_loop(self) -> None:
+        assert self._pool is not None
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_seconds)
+            jobs = [job for job, _task in self._inflight.values()]
+            if not jobs:
+                continue
+            params = {
+                "ids": [j.id for j in jobs],
+                "tenant_ids": [j.tenant_id for j in jobs],
+                "lease_tokens": [j.lease_token for j in jobs],
+                "lease_seconds": self.settings.lease_seconds,
+            }
+            try:
+                async with self._pool.connection() as conn:
+                    rows = await queries.arun(conn, "job_heartbeat", params)
+            except psycopg.Error as exc:
+                log.warning("heartbeat failed (%s); will retry", exc)
+                continue
+            held = {r["id"] for r in rows}
+            for job in jobs:
+                if job.id not in held and job.id in self._inflight:
+                    self.stats.lost_leases += 1
+                    log.warning("job %s: lease lost (rescued elsewhere?)", job.id)
+
+    async def _rescue_loop(self) -> None:
+        assert self._pool is not None
+        while True:
+            try:
+                async with self._pool.connection() as conn:
+                    rows = await queries.arun(conn, "job_rescue", {"limit": 1000})
+            except psycopg.Error as exc:
+                log.warning("rescue failed (%s); will retry", exc)
+                rows = []
+            if rows:
+                self.stats.rescued += len(rows)
+                log.warning("rescued %d job(s) whose lease expired", len(rows))
+                self.wake()
+            await asyncio.sleep(self.settings.rescue_interval_seconds * self._rng.uniform(0.8, 1.2))
+
+    async def _close_handlers(self) -> None:
+        for kind in self.registry:
+            closer = getattr(self.registry.get(kind), "aclose", None)
+            if closer is not None:
+                with contextlib.suppress(Exception):
+                    await closer()
