@@ -1,0 +1,205 @@
+"""Enqueue through every entry point, inside the caller's transaction."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+
+import pgqueue
+from pgqueue import JobSpec
+
+PAYLOAD = {
+    "model": "claude-haiku-4-5",
+    "max_tokens": 8,
+    "messages": [{"role": "user", "content": "hi"}],
+}
+
+
+def _count(dsn: str, table: str = "jobs") -> int:
+    with psycopg.connect(dsn) as c:
+        return c.execute(f"SELECT count(*) FROM pgqueue.{table}").fetchone()[0]
+
+
+def _sa_url(dsn: str, driver: str = "psycopg") -> str:
+    return f"postgresql+{driver}://"
+
+
+def test_commit_keeps_job_and_rollback_leaves_nothing(db_dsn):
+    with psycopg.connect(db_dsn) as conn:
+        pgqueue.enqueue(conn, tenant_id="a", origin="user_action", payload=PAYLOAD)
+        conn.rollback()
+        assert _count(db_dsn) == 0
+        assert _count(db_dsn, "tenants") == 0
+        job_id = pgqueue.enqueue(conn, tenant_id="a", origin="user_action", payload=PAYLOAD)
+        conn.commit()
+    with psycopg.connect(db_dsn) as c:
+        row = c.execute(
+            "SELECT tenant_id, origin::text, priority::text, state::text, attempts, cost, model,"
+            " max_output_tokens FROM pgqueue.jobs WHERE id = %s",
+            (job_id,),
+        ).fetchone()
+    assert row == ("a", "user_action", "critical", "queued", 0, 1.0, "claude-haiku-4-5", 8)
+
+
+def test_job_commits_with_the_callers_own_writes(db_dsn):
+    with psycopg.connect(db_dsn) as conn:
+        conn.execute("CREATE TABLE public.reviews (id int PRIMARY KEY)")
+        conn.commit()
+        conn.execute("INSERT INTO public.reviews VALUES (1)")
+        pgqueue.enqueue(conn, tenant_id="a", origin="scheduled", sla_seconds=60, payload=PAYLOAD)
+        conn.rollback()
+        conn.execute("INSERT INTO public.reviews VALUES (2)")
+        pgqueue.enqueue(conn, tenant_id="a", origin="scheduled", sla_seconds=60, payload=PAYLOAD)
+        conn.commit()
+        assert conn.execute("SELECT array_agg(id) FROM public.reviews").fetchone()[0] == [2]
+    assert _count(db_dsn) == 1
+
+
+async def test_async_connection(db_dsn):
+    async with await psycopg.AsyncConnection.connect(db_dsn) as aconn:
+        job_id = await pgqueue.enqueue(aconn, tenant_id="b", origin="batch_job", payload=PAYLOAD)
+        ids = await pgqueue.enqueue_many(
+            aconn, [JobSpec("b", "scheduled", PAYLOAD, sla_seconds=5)] * 3
+        )
+        await aconn.commit()
+    assert len(ids) == 3 and job_id not in ids
+    assert _count(db_dsn) == 4
+
+
+def test_sqlalchemy_session(db_dsn):
+    engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(db_dsn))
+    try:
+        with Session(engine) as session:
+            session.execute(text("CREATE TABLE public.notes (id int)"))
+            session.execute(text("INSERT INTO public.notes VALUES (7)"))
+            job_id = pgqueue.enqueue(
+                session, tenant_id="c", origin="scheduled", sla_seconds=3600, payload=PAYLOAD
+            )
+            session.commit()
+        with Session(engine) as session:
+            pgqueue.enqueue(session, tenant_id="c", origin="scheduled", payload=PAYLOAD)
+            session.rollback()
+    finally:
+        engine.dispose()
+    with psycopg.connect(db_dsn) as c:
+        assert c.execute("SELECT id FROM public.notes").fetchall() == [(7,)]
+        assert c.execute("SELECT id, priority::text FROM pgqueue.jobs").fetchall() == [
+            (job_id, "standard")
+        ]
+
+
+async def test_sqlalchemy_async_session(db_dsn):
+    engine = create_async_engine(
+        "postgresql+psycopg://",
+        async_creator=lambda: psycopg.AsyncConnection.connect(db_dsn),
+    )
+    try:
+        async with AsyncSession(engine) as session:
+            job_id = await pgqueue.enqueue(
+                session, tenant_id="d", origin="user_action", payload=PAYLOAD
+            )
+            await session.commit()
+    finally:
+        await engine.dispose()
+    assert isinstance(job_id, int)
+    assert _count(db_dsn) == 1
+
+
+def test_enqueue_many_returns_ids_in_input_order(conn):
+    specs = [
+        JobSpec("t1", "user_action", PAYLOAD),
+        {"tenant_id": "t2", "origin": "scheduled", "payload": PAYLOAD, "sla_seconds": 10},
+        JobSpec("t3", "batch_job", PAYLOAD),
+        JobSpec("t1", "scheduled", {"anything": [1, 2]}, kind="custom.kind"),
+    ]
+    ids = pgqueue.enqueue_many(conn, specs)
+    rows = conn.execute(
+        "SELECT id, tenant_id, priority::text, kind FROM pgqueue.jobs ORDER BY id"
+    ).fetchall()
+    assert [r[0] for r in rows] == ids
+    assert [(r[1], r[2], r[3]) for r in rows] == [
+        ("t1", "critical", "anthropic.messages"),
+        ("t2", "standard", "anthropic.messages"),
+        ("t3", "batch", "anthropic.messages"),
+        ("t1", "batch", "custom.kind"),
+    ]
+    assert pgqueue.enqueue_many(conn, []) == []
+
+
+def test_bulk_enqueue_of_many_tenants(conn):
+    specs = [JobSpec(f"tenant-{i % 50}", "scheduled", PAYLOAD, sla_seconds=60) for i in range(2000)]
+    ids = pgqueue.enqueue_many(conn, specs)
+    assert len(ids) == len(set(ids)) == 2000
+    assert conn.execute("SELECT count(*) FROM pgqueue.tenants").fetchone()[0] == 50
+
+
+def test_demoted_tenant_goes_to_batch(conn):
+    pgqueue.enqueue(conn, tenant_id="runaway", origin="user_action", payload=PAYLOAD)
+    conn.execute(
+        "INSERT INTO pgqueue.demotions (tenant_id, reason, expires_at)"
+        " VALUES ('runaway', 'test', now() + interval '5 minutes')"
+    )
+    job_id = pgqueue.enqueue(conn, tenant_id="runaway", origin="user_action", payload=PAYLOAD)
+    [many_id] = pgqueue.enqueue_many(conn, [JobSpec("runaway", "user_action", PAYLOAD)])
+    got = conn.execute(
+        "SELECT priority::text FROM pgqueue.jobs WHERE id = ANY(%s) ORDER BY id",
+        ([job_id, many_id],),
+    ).fetchall()
+    assert got == [("batch",), ("batch",)]
+
+
+def test_cost_is_estimated_from_the_payload(conn):
+    text_4000_tokens = "x" * 16_000
+    payload = {
+        "model": "m",
+        "max_tokens": 100,
+        "system": [{"type": "text", "text": "y" * 4000}],
+        "messages": [
+            {"role": "user", "content": text_4000_tokens},
+            {"role": "assistant", "content": [{"type": "text", "text": "z" * 4000}]},
+        ],
+    }
+    job_id = pgqueue.enqueue(
+        conn, tenant_id="a", origin="scheduled", sla_seconds=1, payload=payload
+    )
+    est, cost = conn.execute(
+        "SELECT est_input_tokens, cost FROM pgqueue.jobs WHERE id = %s", (job_id,)
+    ).fetchone()
+    assert est == 6000
+    assert cost == pytest.approx(6.0)
+
+
+def test_notify_only_on_commit(db_dsn):
+    with psycopg.connect(db_dsn, autocommit=True) as listener, psycopg.connect(db_dsn) as conn:
+        listener.execute("LISTEN pgqueue_jobs")
+        pgqueue.enqueue(conn, tenant_id="a", origin="user_action", payload=PAYLOAD)
+        conn.rollback()
+        assert list(listener.notifies(timeout=0.3, stop_after=1)) == []
+        pgqueue.enqueue_many(conn, [JobSpec("a", "batch_job", PAYLOAD)] * 5)
+        conn.commit()
+        got = list(listener.notifies(timeout=5, stop_after=1))
+    assert len(got) == 1
+    assert got[0].channel == "pgqueue_jobs"
+    assert len(got[0].payload) < 64  # a tiny payload: the tiers touched, never the rows
+    assert got[0].payload == "batch"
+
+
+def test_require_known_tenant(db_dsn):
+    with psycopg.connect(db_dsn) as conn:
+        conn.execute("SET pgqueue.require_known_tenant = on")
+        with pytest.raises(pgqueue.UnknownTenant):
+            pgqueue.enqueue(conn, tenant_id="stranger", origin="user_action", payload=PAYLOAD)
+        conn.rollback()
+        conn.execute("SET pgqueue.require_known_tenant = on")
+        conn.execute("INSERT INTO pgqueue.tenants (tenant_id) VALUES ('known')")
+        pgqueue.enqueue(conn, tenant_id="known", origin="user_action", payload=PAYLOAD)
+        conn.commit()
+    assert _count(db_dsn) == 1
+
+
+def test_wrong_connection_type_is_a_typed_error():
+    with pytest.raises(pgqueue.InvalidArgument):
+        pgqueue.enqueue(object(), tenant_id="a", origin="user_action", payload=PAYLOAD)  # type: ignore[call-overload]

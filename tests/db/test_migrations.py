@@ -1,0 +1,63 @@
+"""Schema by alembic: concurrent migrations, downgrade, and the worker's revision check."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psycopg
+import pytest
+
+from pgqueue.db import migrate
+from pgqueue.errors import SchemaOutOfDate
+
+MIGRATE = [sys.executable, "-c", "from pgqueue.cli import app; app()", "migrate", "--dsn"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_ten_concurrent_migrations_on_an_empty_database(empty_db_dsn):
+    procs = [
+        subprocess.Popen([*MIGRATE, empty_db_dsn], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(10)
+    ]
+    results = [p.communicate(timeout=100) for p in procs]
+    codes = [p.returncode for p in procs]
+    assert codes == [0] * 10, [err.decode()[-500:] for _out, err in results]
+    with psycopg.connect(empty_db_dsn) as conn:
+        assert migrate.current_revision(conn) == migrate.head_revision()
+        versions = conn.execute("SELECT count(*) FROM pgqueue.alembic_version").fetchone()[0]
+        assert versions == 1
+        schemas = conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = 'pgqueue'"
+        ).fetchone()[0]
+        assert schemas == 1
+
+
+def test_downgrade_to_base_and_upgrade_again(db_dsn):
+    migrate.downgrade(db_dsn, "base")
+    with psycopg.connect(db_dsn) as conn:
+        assert conn.execute("SELECT to_regclass('pgqueue.jobs')").fetchone()[0] is None
+        assert migrate.current_revision(conn) is None
+    migrate.upgrade(db_dsn)
+    with psycopg.connect(db_dsn) as conn:
+        assert migrate.check_schema(conn) == migrate.head_revision()
+
+
+def test_schema_check_names_the_command(empty_db_dsn, db_dsn):
+    with (
+        psycopg.connect(empty_db_dsn) as conn,
+        pytest.raises(SchemaOutOfDate, match="pgqueue migrate"),
+    ):
+        migrate.check_schema(conn)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE pgqueue.alembic_version SET version_num = '0000'")
+        with pytest.raises(SchemaOutOfDate, match="run `pgqueue migrate`"):
+            migrate.check_schema(conn)
+
+
+def test_migrate_is_idempotent(db_dsn):
+    migrate.upgrade(db_dsn)
+    migrate.upgrade(db_dsn)
+    with psycopg.connect(db_dsn) as conn:
+        assert migrate.check_schema(conn) == migrate.head_revision()

@@ -1,0 +1,255 @@
+"""Bad input at the enqueue boundary: a typed error, nothing written, the transaction usable.
+
+The Python checks (pgqueue/validation.py) and the SQL function pgqueue.validate_job apply the
+same rules; property tests feed both the same inputs and compare the error classes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg.types.json import Jsonb
+
+import pgqueue
+from pgqueue import errors
+from pgqueue.models import Origin
+from pgqueue.scheduling.drr import estimate_input_tokens
+from pgqueue.scheduling.tiers import classify
+from pgqueue.validation import check_job
+
+GOOD = {
+    "model": "claude-haiku-4-5",
+    "max_tokens": 8,
+    "messages": [{"role": "user", "content": "hi"}],
+}
+
+BAD_INPUTS: list[tuple[str, dict[str, Any], type[errors.UsageError]]] = [
+    ("no model", {"payload": {"max_tokens": 8, "messages": [{}]}}, errors.InvalidPayload),
+    ("empty model", {"payload": {**GOOD, "model": ""}}, errors.InvalidPayload),
+    ("zero max_tokens", {"payload": {**GOOD, "max_tokens": 0}}, errors.InvalidPayload),
+    ("negative max_tokens", {"payload": {**GOOD, "max_tokens": -5}}, errors.InvalidPayload),
+    ("fractional max_tokens", {"payload": {**GOOD, "max_tokens": 1.5}}, errors.InvalidPayload),
+    ("bool max_tokens", {"payload": {**GOOD, "max_tokens": True}}, errors.InvalidPayload),
+    ("string max_tokens", {"payload": {**GOOD, "max_tokens": "8"}}, errors.InvalidPayload),
+    ("empty messages", {"payload": {**GOOD, "messages": []}}, errors.InvalidPayload),
+    ("messages not a list", {"payload": {**GOOD, "messages": "hi"}}, errors.InvalidPayload),
+    ("payload a list", {"payload": [1, 2]}, errors.InvalidPayload),
+    ("NaN in payload", {"payload": {**GOOD, "temperature": math.nan}}, errors.InvalidPayload),
+    ("not JSON", {"payload": {**GOOD, "x": object()}}, errors.InvalidPayload),
+    ("oversize", {"payload": {**GOOD, "system": "x" * 1_100_000}}, errors.PayloadTooLarge),
+    (
+        "NUL in content",
+        {"payload": {**GOOD, "messages": [{"role": "user", "content": "a\x00b"}]}},
+        errors.NulCharacter,
+    ),
+    ("NUL in a key", {"payload": {**GOOD, "k\x00": 1}}, errors.NulCharacter),
+    ("NUL in tenant", {"tenant_id": "a\x00"}, errors.NulCharacter),
+    ("unknown origin", {"origin": "urgent"}, errors.UnknownOrigin),
+    ("origin None", {"origin": None}, errors.UnknownOrigin),
+    ("negative SLA", {"sla_seconds": -1}, errors.InvalidSla),
+    ("NaN SLA", {"sla_seconds": math.nan}, errors.InvalidSla),
+    ("infinite SLA", {"sla_seconds": math.inf}, errors.InvalidSla),
+    ("string SLA", {"sla_seconds": "60"}, errors.InvalidSla),
+    ("empty tenant", {"tenant_id": ""}, errors.InvalidTenant),
+    ("oversize tenant", {"tenant_id": "t" * 129}, errors.InvalidTenant),
+    ("tenant not a string", {"tenant_id": 42}, errors.InvalidTenant),
+    ("empty kind", {"kind": ""}, errors.InvalidKind),
+    ("zero max_attempts", {"max_attempts": 0}, errors.InvalidArgument),
+]
+
+
+def _call(conn: psycopg.Connection[Any], **overrides: Any) -> int:
+    args: dict[str, Any] = {"tenant_id": "acme", "origin": "user_action", "payload": GOOD}
+    args.update(overrides)
+    return pgqueue.enqueue(conn, **args)
+
+
+@pytest.mark.parametrize(("case", "overrides", "error"), BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_is_typed_writes_nothing_and_keeps_the_transaction(
+    db_dsn, case, overrides, error
+):
+    with psycopg.connect(db_dsn) as conn:
+        _call(conn, tenant_id="existing")  # stored data that must survive
+        conn.commit()
+        conn.execute("CREATE TABLE public.mine (id int)")
+        conn.execute("INSERT INTO public.mine VALUES (1)")
+        with pytest.raises(error) as info:
+            _call(conn, **overrides)
+        assert isinstance(info.value, pgqueue.UsageError)
+        assert isinstance(info.value, ValueError)
+        conn.execute("INSERT INTO public.mine VALUES (2)")  # the transaction is still usable
+        conn.commit()
+        assert conn.execute("SELECT count(*) FROM public.mine").fetchone()[0] == 2
+        assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone()[0] == 1
+        assert conn.execute("SELECT count(*) FROM pgqueue.tenants").fetchone()[0] == 1
+
+
+def test_bulk_with_one_bad_job_writes_nothing(conn):
+    specs = [pgqueue.JobSpec("a", "user_action", GOOD)] * 3 + [
+        pgqueue.JobSpec("a", "user_action", {**GOOD, "max_tokens": 0})
+    ]
+    with pytest.raises(errors.InvalidPayload, match="job 3"):
+        pgqueue.enqueue_many(conn, specs)
+    with pytest.raises(errors.InvalidArgument):
+        pgqueue.enqueue_many(
+            conn, [{"tenant_id": "a", "origin": "user_action", "payload": GOOD, "tier": "critical"}]
+        )
+    assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone()[0] == 0
+
+
+SQL_CASES = [
+    ("''", "'user_action'", GOOD, None, "PQ006"),
+    ("'a'", "'urgent'", GOOD, None, "PQ004"),
+    ("'a'", "'scheduled'", GOOD, -1.0, "PQ005"),
+    ("'a'", "'scheduled'", GOOD, float("nan"), "PQ005"),
+    ("'a'", "'user_action'", {**GOOD, "max_tokens": 0}, None, "PQ001"),
+    ("'a'", "'user_action'", {"model": "m", "max_tokens": 5}, None, "PQ001"),
+    ("'a'", "'user_action'", {**GOOD, "system": "x" * 1_100_000}, None, "PQ002"),
+]
+
+
+@pytest.mark.parametrize(("tenant", "origin", "payload", "sla", "sqlstate"), SQL_CASES)
+def test_sql_function_raises_its_sqlstate(conn, tenant, origin, payload, sla, sqlstate):
+    with pytest.raises(psycopg.Error) as info:
+        conn.execute(f"SELECT pgqueue.enqueue({tenant}, {origin}, %s, %s)", (Jsonb(payload), sla))
+    assert info.value.sqlstate == sqlstate
+    mapped = errors.from_sqlstate(info.value.sqlstate, "x")
+    assert mapped is not None and mapped.sqlstate == sqlstate
+    conn.rollback()
+    assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone()[0] == 0
+
+
+def test_sql_rejects_nul_in_payload(conn):
+    with pytest.raises(psycopg.Error) as info:
+        conn.execute(
+            "SELECT pgqueue.enqueue('a', 'user_action', %s::jsonb)",
+            (json.dumps({**GOOD, "system": "a\x00b"}),),
+        )
+    assert isinstance(errors.from_sqlstate(info.value.sqlstate, "x"), errors.NulCharacter)
+
+
+# ------------------------------------------------------------------ Python ⇔ SQL parity
+
+json_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-10, 10**6),
+    st.text(max_size=12),
+    st.floats(allow_nan=False, allow_infinity=False, width=32),
+)
+payload_values = st.one_of(
+    json_leaf,
+    st.lists(json_leaf, max_size=3),
+    st.lists(
+        st.fixed_dictionaries({"role": st.just("user"), "content": st.text(max_size=20)}),
+        max_size=3,
+    ),
+)
+payloads = st.one_of(
+    st.dictionaries(
+        st.sampled_from(["model", "max_tokens", "messages", "system", "x"]),
+        payload_values,
+        max_size=5,
+    ),
+    st.builds(
+        lambda model, mt, msgs: {"model": model, "max_tokens": mt, "messages": msgs},
+        st.one_of(st.text(max_size=6), st.integers()),
+        st.one_of(
+            st.integers(-3, 2**31 + 3), st.floats(-2, 10, allow_nan=False), st.text(max_size=3)
+        ),
+        st.lists(
+            st.fixed_dictionaries({"role": st.just("user"), "content": st.text(max_size=20)}),
+            max_size=2,
+        ),
+    ),
+)
+tenants = st.one_of(
+    st.text(min_size=0, max_size=130).filter(lambda s: "\x00" not in s), st.just("t" * 128)
+)
+origins = st.sampled_from(["user_action", "scheduled", "batch_job", "urgent", ""])
+slas = st.one_of(st.none(), st.floats(-10, 200_000, allow_nan=False), st.just(86_400.0))
+kinds = st.sampled_from(["anthropic.messages", "custom", ""])
+
+
+def _python_outcome(tenant, origin, payload, sla, kind):
+    try:
+        check_job(tenant_id=tenant, origin=origin, payload=payload, sla_seconds=sla, kind=kind)
+    except errors.UsageError as exc:
+        return type(exc)
+    return None
+
+
+def _sql_outcome(conn, tenant, origin, payload, sla, kind):
+    try:
+        with conn.transaction():
+            conn.execute(
+                "SELECT pgqueue.validate_job(%s, %s, %s, %s, %s, NULL)",
+                (tenant, origin, Jsonb(payload), sla, kind),
+            )
+    except psycopg.Error as exc:
+        mapped = errors.from_sqlstate(exc.sqlstate, str(exc))
+        assert mapped is not None, f"unmapped SQL error {exc.sqlstate}: {exc}"
+        return type(mapped)
+    return None
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(tenant=tenants, origin=origins, payload=payloads, sla=slas, kind=kinds)
+def test_python_and_sql_validation_agree(conn, tenant, origin, payload, sla, kind):
+    py = _python_outcome(tenant, origin, payload, sla, kind)
+    sql = _sql_outcome(conn, tenant, origin, payload, sla, kind)
+    assert py is sql
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    origin=st.sampled_from(list(Origin)),
+    sla=st.one_of(st.none(), st.floats(0, 200_000, allow_nan=False), st.just(86_400.0)),
+    demoted=st.booleans(),
+)
+def test_sql_classification_matches_the_reference(conn, origin, sla, demoted):
+    got = conn.execute(
+        "SELECT pgqueue.classify(%s::pgqueue.origin, %s, %s)::text", (origin.value, sla, demoted)
+    ).fetchone()[0]
+    assert got == classify(origin, sla, demoted=demoted).value
+
+
+text_blocks = st.lists(
+    st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=40)}), max_size=3
+)
+contents = st.one_of(st.text(max_size=80), text_blocks)
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    system=st.one_of(st.none(), st.text(max_size=50), text_blocks),
+    messages=st.lists(
+        st.fixed_dictionaries({"role": st.just("user"), "content": contents}),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_sql_token_estimate_matches_the_reference(conn, system, messages):
+    payload: dict[str, Any] = {"model": "m", "max_tokens": 1, "messages": messages}
+    if system is not None:
+        payload["system"] = system
+    try:
+        sql_est = conn.execute(
+            "SELECT pgqueue.estimate_input_tokens(%s)", (Jsonb(payload),)
+        ).fetchone()[0]
+    except psycopg.errors.UntranslatableCharacter:
+        conn.rollback()
+        return
+    assert sql_est == estimate_input_tokens(payload)
