@@ -38,7 +38,7 @@ class DemoOptions:
     requests: int = 400
     speedup: float = 10.0
     concurrency: int = 16
-    rate_scale: float = 12.0
+    rate_scale: float = 10.0
     seconds_per_output_token: float = 0.002
     tenants: int = 8
     seed: int = 0

@@ -1,0 +1,8 @@
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY pgqueue ./pgqueue
+RUN pip install --no-cache-dir .
+RUN useradd --create-home pgqueue
+USER pgqueue
+ENTRYPOINT []

@@ -1,0 +1,117 @@
+"""The executor turns every handler behaviour into exactly one Outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import UTC, datetime
+
+import pytest
+
+from pgqueue import Registry
+from pgqueue.errors import Discard, RateLimited, RetryLater
+from pgqueue.models import Failed, HandlerResult, Job, Succeeded, Throttled, Tier
+from pgqueue.settings import Settings
+from pgqueue.worker.executor import execute
+
+
+def job(kind: str, attempts: int = 1) -> Job:
+    return Job(
+        id=7,
+        tenant_id="t",
+        kind=kind,
+        priority=Tier.BATCH,
+        payload={},
+        cost=1.0,
+        attempts=attempts,
+        max_attempts=5,
+        throttle_retries=0,
+        enqueued_at=datetime.now(UTC),
+        lease_token="x",
+    )
+
+
+def registry() -> Registry:
+    r = Registry()
+
+    @r.handler("ok.dict")
+    async def ok_dict(j):
+        return {"a": 1}
+
+    @r.handler("ok.none")
+    def ok_none(j):  # a plain function runs in a thread
+        return None
+
+    @r.handler("ok.result")
+    async def ok_result(j):
+        return HandlerResult({"b": 2}, input_tokens=3, output_tokens=4)
+
+    @r.handler("bad.return")
+    async def bad_return(j):
+        return 42
+
+    @r.handler("raise.boom")
+    async def boom(j):
+        raise RuntimeError("boom")
+
+    @r.handler("raise.retry")
+    async def retry(j):
+        raise RetryLater("later", delay_seconds=7)
+
+    @r.handler("raise.discard")
+    async def discard(j):
+        raise Discard("nope")
+
+    @r.handler("raise.ratelimited")
+    async def limited(j):
+        raise RateLimited("429", retry_after_seconds=10, status_code=429)
+
+    @r.handler("slow")
+    async def slow(j):
+        await asyncio.sleep(5)
+
+    return r
+
+
+SETTINGS = Settings(provider_timeout_seconds=0.2, lease_seconds=1, heartbeat_seconds=0.5)
+
+
+@pytest.mark.parametrize(
+    ("kind", "check"),
+    [
+        ("ok.dict", lambda o: isinstance(o, Succeeded) and o.result == {"a": 1}),
+        ("ok.none", lambda o: isinstance(o, Succeeded) and o.result is None),
+        (
+            "ok.result",
+            lambda o: isinstance(o, Succeeded) and (o.input_tokens, o.output_tokens) == (3, 4),
+        ),
+        ("bad.return", lambda o: isinstance(o, Failed) and o.permanent),
+        ("raise.boom", lambda o: isinstance(o, Failed) and not o.permanent and "boom" in o.error),
+        ("raise.retry", lambda o: isinstance(o, Failed) and o.retry_in_seconds == 7),
+        ("raise.discard", lambda o: isinstance(o, Failed) and o.permanent),
+        ("raise.ratelimited", lambda o: isinstance(o, Throttled) and 9.6 <= o.wait_seconds <= 14.4),
+        ("slow", lambda o: isinstance(o, Failed) and "timed out" in o.error),
+        ("unregistered", lambda o: isinstance(o, Failed) and not o.permanent),
+    ],
+)
+async def test_outcome(kind, check):
+    outcome = await execute(job(kind), registry(), SETTINGS, random.Random(0))
+    assert check(outcome), outcome
+
+
+async def test_backoff_grows_with_attempts_and_is_capped():
+    settings = Settings(backoff_base_seconds=1, backoff_cap_seconds=60)
+    delays = []
+    for attempt in range(1, 12):
+        outcome = await execute(job("raise.boom", attempt), registry(), settings, random.Random(0))
+        assert isinstance(outcome, Failed)
+        delays.append(outcome.retry_in_seconds)
+    assert all(0 < d <= 60 for d in delays)
+    assert delays[-1] > delays[0]
+
+
+def test_settings_refuse_a_timeout_that_outlives_the_lease():
+    with pytest.raises(ValueError, match="shorter than"):
+        Settings(lease_seconds=30, provider_timeout_seconds=30)
+    with pytest.raises(ValueError, match="heartbeat"):
+        Settings(lease_seconds=30, provider_timeout_seconds=10, heartbeat_seconds=30)
