@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -234,6 +235,35 @@ def tenants_set(
             },
         )
     console.print(row)
+
+
+@app.command()
+def retry(
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant.")] = None,
+    tier: Annotated[str | None, typer.Option(help="critical | standard | batch")] = None,
+    reason: Annotated[
+        str | None, typer.Option(help="Substring of last_error (case-insensitive).")
+    ] = None,
+    since: Annotated[
+        datetime | None, typer.Option(help="Failed at or after (ISO 8601, UTC if no zone).")
+    ] = None,
+    until: Annotated[datetime | None, typer.Option(help="Failed before (ISO 8601).")] = None,
+    dsn: DsnOption = None,
+) -> None:
+    """Re-queue failed jobs in bulk, with fresh attempt counters."""
+    from pgqueue.admin import requeue_failed
+
+    settings = _settings()
+    since_utc = since.replace(tzinfo=UTC) if since and since.tzinfo is None else since
+    until_utc = until.replace(tzinfo=UTC) if until and until.tzinfo is None else until
+    try:
+        with psycopg.connect(_dsn(settings, dsn)) as conn:
+            ids = requeue_failed(
+                conn, tenant_id=tenant, tier=tier, reason=reason, since=since_utc, until=until_utc
+            )
+    except PgqueueError as exc:
+        raise _fail(exc, 2) from None
+    console.print(f"re-queued {len(ids)} failed job(s)")
 
 
 @app.command()

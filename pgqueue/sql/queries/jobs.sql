@@ -134,3 +134,20 @@ RETURNING j.id, j.state::text AS state
 SELECT extract(epoch FROM min(run_at) - now())::double precision AS seconds
 FROM pgqueue.jobs
 WHERE state = 'queued'
+
+-- name: job_requeue_failed :many
+-- `pgqueue retry`: failed jobs matching every given filter go back to the queue with fresh
+-- counters; last_error is kept until the next attempt overwrites it.
+UPDATE pgqueue.jobs
+SET state = 'queued',
+    attempts = 0,
+    throttle_retries = 0,
+    run_at = now(),
+    finished_at = NULL
+WHERE state = 'failed'
+  AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s::text)
+  AND (%(tier)s::text IS NULL OR priority = %(tier)s::pgqueue.tier)
+  AND (%(reason)s::text IS NULL OR last_error ILIKE '%%' || %(reason)s::text || '%%')
+  AND (%(since)s::timestamptz IS NULL OR finished_at >= %(since)s::timestamptz)
+  AND (%(until)s::timestamptz IS NULL OR finished_at < %(until)s::timestamptz)
+RETURNING id

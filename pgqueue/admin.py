@@ -1,0 +1,55 @@
+"""Operator actions on stored jobs (``pgqueue retry``), each one named statement."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from pgqueue.db import queries
+from pgqueue.errors import InvalidArgument
+from pgqueue.models import Tier
+
+
+def requeue_failed(
+    conn: psycopg.Connection[Any],
+    *,
+    tenant_id: str | None = None,
+    tier: Tier | str | None = None,
+    reason: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> list[int]:
+    """Put failed jobs back in the queue with fresh attempt and throttle counters.
+
+    Filters combine with AND: ``tenant_id``; ``tier``; ``reason``, a case-insensitive
+    substring of ``last_error``; ``since``/``until``, a range of ``finished_at`` (timezone-
+    aware). Runs in the caller's transaction; the ids re-queued are returned.
+
+    Raises:
+        InvalidArgument: an unknown tier, naive datetimes, or ``since`` after ``until``.
+    """
+    tier_value: str | None = None
+    if tier is not None:
+        try:
+            tier_value = Tier(tier).value
+        except ValueError:
+            raise InvalidArgument(f"unknown tier {tier!r}") from None
+    for moment in (since, until):
+        if moment is not None and moment.tzinfo is None:
+            raise InvalidArgument("since/until must be timezone-aware datetimes")
+    if since is not None and until is not None and since > until:
+        raise InvalidArgument("since must not be after until")
+    rows = queries.run(
+        conn,
+        "job_requeue_failed",
+        {
+            "tenant_id": tenant_id,
+            "tier": tier_value,
+            "reason": reason,
+            "since": since,
+            "until": until,
+        },
+    )
+    return [int(r["id"]) for r in rows]

@@ -1,0 +1,92 @@
+"""`pgqueue retry`: bulk re-queue of failed jobs by tenant, tier, reason and time."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+import pgqueue
+from pgqueue.admin import requeue_failed
+
+PAYLOAD = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _fail_all(conn, error: str, where: str = "true") -> None:
+    conn.execute(
+        f"UPDATE pgqueue.jobs SET state = 'failed', attempts = 5, throttle_retries = 2,"
+        f" finished_at = now(), last_error = %s WHERE {where}",
+        (error,),
+    )
+
+
+def test_requeue_by_filters(conn):
+    a = pgqueue.enqueue(conn, tenant_id="a", origin="user_action", payload=PAYLOAD)
+    b = pgqueue.enqueue(conn, tenant_id="b", origin="batch_job", payload=PAYLOAD)
+    c = pgqueue.enqueue(conn, tenant_id="b", origin="user_action", payload=PAYLOAD)
+    _fail_all(conn, "HTTP 500: overloaded upstream", f"id IN ({a}, {b})")
+    _fail_all(conn, "throttled: HTTP 429", f"id = {c}")
+    assert requeue_failed(conn, tenant_id="nobody") == []
+    assert requeue_failed(conn, tenant_id="b", reason="429") == [c]
+    assert requeue_failed(conn, tier="batch") == [b]
+    future = datetime.now(UTC) + timedelta(hours=1)
+    assert requeue_failed(conn, since=future) == []
+    assert requeue_failed(conn, until=future) == [a]
+    rows = conn.execute(
+        "SELECT state::text, attempts, throttle_retries, finished_at FROM pgqueue.jobs"
+    ).fetchall()
+    assert rows == [("queued", 0, 0, None)] * 3
+
+
+def test_requeue_rejects_bad_filters(conn):
+    with pytest.raises(pgqueue.InvalidArgument):
+        requeue_failed(conn, tier="urgent")
+    with pytest.raises(pgqueue.InvalidArgument):
+        requeue_failed(conn, since=datetime(2020, 1, 1))
+    with pytest.raises(pgqueue.InvalidArgument):
+        requeue_failed(
+            conn, since=datetime(2021, 1, 1, tzinfo=UTC), until=datetime(2020, 1, 1, tzinfo=UTC)
+        )
+
+
+def test_retry_cli(db_dsn):
+    import psycopg
+
+    with psycopg.connect(db_dsn) as conn:
+        pgqueue.enqueue(conn, tenant_id="a", origin="user_action", payload=PAYLOAD)
+        _fail_all(conn, "boom")
+        conn.commit()
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from pgqueue.cli import app; app()",
+            "retry",
+            "--reason",
+            "BOOM",
+            "--dsn",
+            db_dsn,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "re-queued 1" in out.stdout
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from pgqueue.cli import app; app()",
+            "retry",
+            "--tier",
+            "urgent",
+            "--dsn",
+            db_dsn,
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "InvalidArgument" in bad.stderr
