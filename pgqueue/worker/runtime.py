@@ -37,6 +37,9 @@ from pgqueue.worker.notifier import Notifier
 
 log = logging.getLogger("pgqueue.worker")
 
+#: Advisory-lock key that makes one worker at a time the rescuer ("pgqueue" + "rescue").
+RESCUE_LOCK_KEY = 0x7067_7175_6575_5253
+
 
 def builtin_registry(settings: Settings) -> Registry:
     """The handlers every worker has: ``anthropic.messages`` and ``pgqueue.noop``."""
@@ -120,6 +123,7 @@ class Worker:
         self._stopping = False
         self._hard_stop = False
         self._inflight: dict[int, tuple[Job, asyncio.Task[None]]] = {}
+        self._lost: set[int] = set()
         self._pool: AsyncConnectionPool[Any] | None = None
         self._completer: Completer | None = None
 
@@ -256,6 +260,7 @@ class Worker:
             self.stats.outcomes[state or "lease_lost"] += 1
         finally:
             self._inflight.pop(job.id, None)
+            self._lost.discard(job.id)
             self._wake.set()
 
     async def _drain(self) -> None:
@@ -290,16 +295,19 @@ class Worker:
                 continue
             held = {r["id"] for r in rows}
             for job in jobs:
-                if job.id not in held and job.id in self._inflight:
+                if job.id not in held and job.id in self._inflight and job.id not in self._lost:
+                    self._lost.add(job.id)
                     self.stats.lost_leases += 1
-                    log.warning("job %s: lease lost (rescued elsewhere?)", job.id)
+                    log.warning("job %s: lease lost; its outcome will be dropped", job.id)
 
     async def _rescue_loop(self) -> None:
         assert self._pool is not None
         while True:
             try:
                 async with self._pool.connection() as conn:
-                    rows = await queries.arun(conn, "job_rescue", {"limit": 1000})
+                    rows = await queries.arun(
+                        conn, "job_rescue", {"limit": 1000, "lock_key": RESCUE_LOCK_KEY}
+                    )
             except psycopg.Error as exc:
                 log.warning("rescue failed (%s); will retry", exc)
                 rows = []

@@ -253,3 +253,88 @@ def test_sql_token_estimate_matches_the_reference(conn, system, messages):
         conn.rollback()
         return
     assert sql_est == estimate_input_tokens(payload)
+
+
+malformed = st.one_of(
+    st.builds(
+        dict,
+        tenant_id=st.one_of(
+            st.just(""), st.text(min_size=129, max_size=140), st.integers(), st.none()
+        ),
+    ),
+    st.builds(
+        dict,
+        origin=st.one_of(
+            st.text(max_size=10).filter(lambda s: s not in {o.value for o in Origin}), st.integers()
+        ),
+    ),
+    st.builds(
+        dict,
+        sla_seconds=st.one_of(
+            st.floats(max_value=-1e-9), st.just(math.nan), st.just(math.inf), st.text(max_size=3)
+        ),
+    ),
+    st.builds(
+        dict,
+        payload=st.one_of(
+            st.lists(st.integers(), max_size=2), st.text(max_size=5), st.none(), st.integers()
+        ),
+    ),
+    st.builds(
+        dict,
+        payload=st.fixed_dictionaries(
+            {
+                "model": st.one_of(st.just(""), st.integers(), st.none()),
+                "max_tokens": st.integers(1, 10),
+                "messages": st.just([{"role": "user", "content": "x"}]),
+            }
+        ),
+    ),
+    st.builds(
+        dict,
+        payload=st.fixed_dictionaries(
+            {
+                "model": st.just("m"),
+                "max_tokens": st.one_of(
+                    st.integers(max_value=0),
+                    st.floats(0.1, 0.9),
+                    st.text(max_size=2),
+                    st.booleans(),
+                ),
+                "messages": st.just([{"role": "user", "content": "x"}]),
+            }
+        ),
+    ),
+    st.builds(
+        dict,
+        payload=st.fixed_dictionaries(
+            {
+                "model": st.just("m"),
+                "max_tokens": st.just(5),
+                "messages": st.one_of(st.just([]), st.text(max_size=3), st.none()),
+            }
+        ),
+    ),
+    st.builds(
+        dict,
+        payload=st.builds(
+            lambda s: {**GOOD, "messages": [{"role": "user", "content": s}]},
+            st.text(max_size=10).map(lambda s: s + "\x00"),
+        ),
+    ),
+    st.builds(dict, kind=st.one_of(st.just(""), st.text(min_size=129, max_size=130))),
+    st.builds(dict, max_attempts=st.one_of(st.integers(max_value=0), st.integers(min_value=1001))),
+)
+
+
+@settings(
+    max_examples=1000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(overrides=malformed)
+def test_a_thousand_malformed_inputs_get_typed_errors_and_write_nothing(conn, overrides):
+    with pytest.raises(pgqueue.UsageError):
+        _call(conn, **overrides)
+    assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM pgqueue.tenants").fetchone()[0] == 0

@@ -107,14 +107,17 @@ RETURNING j.id
 
 -- name: job_rescue :many
 -- Jobs whose lease expired (their worker died) go back to the queue, or fail once their
--- attempts are spent, so a poison job cannot loop forever.
-WITH expired AS (
-    SELECT id, tenant_id
-    FROM pgqueue.jobs
-    WHERE state = 'running' AND lease_expires_at < now()
-    ORDER BY lease_expires_at
+-- attempts are spent, so a poison job cannot loop forever. One rescuer at a time: the
+-- transaction-scoped advisory lock lets the other workers' rescuers skip this round.
+WITH leader AS (
+    SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS ok
+), expired AS (
+    SELECT j.id, j.tenant_id
+    FROM pgqueue.jobs j, leader
+    WHERE leader.ok AND j.state = 'running' AND j.lease_expires_at < now()
+    ORDER BY j.lease_expires_at
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE pgqueue.jobs j
 SET state = CASE WHEN j.attempts >= j.max_attempts
