@@ -18,7 +18,7 @@ from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
     stop_after_attempt,
-    wait_exponential_jitter,
+    wait_random_exponential,
 )
 
 from pgqueue.db import queries
@@ -39,7 +39,7 @@ def transient_retry(attempts: int = 6) -> AsyncRetrying:
     """A tenacity policy for transient database errors: jittered exponential, ~10 s in all."""
     return AsyncRetrying(
         retry=retry_if_exception_type(TRANSIENT_ERRORS),
-        wait=wait_exponential_jitter(initial=0.05, max=3.0),
+        wait=wait_random_exponential(multiplier=0.05, max=3.0),
         stop=stop_after_attempt(attempts),
         reraise=True,
     )

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 
 import psycopg
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -50,7 +50,7 @@ class Notifier:
     async def _connect(self, stop: asyncio.Event) -> psycopg.AsyncConnection[object] | None:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type((psycopg.OperationalError, OSError)),
-            wait=wait_exponential_jitter(initial=0.1, max=5.0),
+            wait=wait_random_exponential(multiplier=0.1, max=5.0),
         ):
             with attempt:
                 if stop.is_set():

@@ -267,8 +267,10 @@ class Worker:
         tasks = [task for _job, task in self._inflight.values()]
         if not tasks:
             return
+        # A burst run ends here with nothing in flight; a stop request gives running jobs the
+        # grace period, then returns the rest to the queue (Interrupted).
         grace = self.settings.shutdown_grace_seconds
-        _done, pending = await asyncio.wait(tasks, timeout=None if self.burst else grace)
+        _done, pending = await asyncio.wait(tasks, timeout=grace)
         for task in pending:
             task.cancel()
         if pending:

@@ -1,0 +1,144 @@
+"""Helpers for tests that run ``pgqueue`` as real processes against a real database."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+
+#: The repository root: ``tests.apps.noop_app`` is importable from here.
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+#: ``--app`` value of the test handlers.
+NOOP_APP = "tests.apps.noop_app:registry"
+
+T = TypeVar("T")
+_serial = itertools.count()
+
+
+def pgqueue_cmd(*args: str) -> list[str]:
+    """argv running the ``pgqueue`` CLI (the console script's entry point) with this Python."""
+    return [sys.executable, "-c", "from pgqueue.cli import app; app()", *args]
+
+
+def cli_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A hermetic environment for a CLI subprocess.
+
+    Drops inherited ``PGQUEUE_*`` / ``ANTHROPIC_*`` / ``PGAPPNAME`` (tests set what they need),
+    puts the repository root on ``PYTHONPATH`` (for ``--app tests.apps...``) and widens rich's
+    console so that messages are not wrapped.
+    """
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PGQUEUE_", "ANTHROPIC_")) and k != "PGAPPNAME"
+    }
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env["COLUMNS"] = "250"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class CliProcess:
+    """A running ``pgqueue`` subprocess whose stdout/stderr go to files."""
+
+    popen: subprocess.Popen[bytes]
+    out_path: Path
+    err_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def wait(self, timeout: float) -> int:
+        """Exit code; on timeout the process is killed and AssertionError raised with its log."""
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(
+                f"pgqueue (pid {self.pid}) did not exit within {timeout} s\n{self.stderr()}"
+            ) from None
+
+    def kill(self) -> None:
+        """SIGKILL the process (if it still runs) and reap it."""
+        if self.popen.poll() is None:
+            self.popen.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(10)
+
+    def stdout(self) -> str:
+        return self.out_path.read_text(encoding="utf-8", errors="replace")
+
+    def stderr(self) -> str:
+        return self.err_path.read_text(encoding="utf-8", errors="replace")
+
+
+def start_cli(*args: str, log_dir: Path, env: Mapping[str, str] | None = None) -> CliProcess:
+    """Start ``pgqueue *args`` from the repository root with :func:`cli_env` (plus ``env``)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    n = next(_serial)
+    out_path, err_path = log_dir / f"pgqueue{n}.out", log_dir / f"pgqueue{n}.err"
+    with out_path.open("wb") as out, err_path.open("wb") as err:
+        popen = subprocess.Popen(
+            pgqueue_cmd(*args), cwd=REPO_ROOT, env=cli_env(env), stdout=out, stderr=err
+        )
+    return CliProcess(popen, out_path, err_path)
+
+
+def run_cli(
+    *args: str, timeout: float, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``pgqueue *args`` to completion and capture its output."""
+    return subprocess.run(
+        pgqueue_cmd(*args),
+        cwd=REPO_ROOT,
+        env=cli_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def wait_until(
+    probe: Callable[[], T], *, timeout: float, interval: float = 0.02, what: str = "a condition"
+) -> T:
+    """Poll ``probe`` until it returns something truthy; AssertionError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def jobs(dsn: str, where: str = "TRUE", params: Any = None) -> list[dict[str, Any]]:
+    """Rows of ``pgqueue.jobs`` (state and priority as text), ordered by id."""
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
+        return conn.execute(
+            "SELECT *, state::text AS state, priority::text AS priority FROM pgqueue.jobs "
+            f"WHERE {where} ORDER BY id",
+            params,
+        ).fetchall()
+
+
+def count_by_state(dsn: str) -> dict[str, int]:
+    """Number of jobs per state."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT state::text, count(*) FROM pgqueue.jobs GROUP BY 1").fetchall()
+    return {state: int(n) for state, n in rows}
