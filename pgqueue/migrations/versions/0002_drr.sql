@@ -108,19 +108,26 @@ AS $$
     SELECT coalesce(nullif(current_setting('pgqueue.default_quantum', true), '')::float8, 5.0)
 $$;
 
--- quantum_for_plan() of pgqueue.scheduling.drr: the per-tenant override, else base × plan
--- multiplier (pro ×3).
+-- quantum_for_plan() of pgqueue.scheduling.drr: the per-tenant override, else base × the
+-- plan's multiplier (pro ×3, any other plan ×1).
+CREATE FUNCTION pgqueue.plan_quantum(plan text, override double precision,
+                                     base double precision)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT coalesce(override,
+                    base * CASE lower(btrim(coalesce(plan, ''), E' \t\n\r\f\v'))
+                               WHEN 'pro' THEN 3.0 ELSE 1.0 END)
+$$;
+
+-- A tenant's quantum in cost units per DRR turn (the default for an unknown tenant).
 CREATE FUNCTION pgqueue.tenant_quantum(tenant_id text)
 RETURNS double precision
 LANGUAGE sql STABLE
 AS $$
-    SELECT coalesce(
-        (SELECT coalesce(t.quantum,
-                         pgqueue.base_quantum()
-                         * CASE lower(btrim(t.plan, E' \t\n\r\f\v'))
-                               WHEN 'pro' THEN 3.0 ELSE 1.0 END)
-         FROM pgqueue.tenants t WHERE t.tenant_id = tenant_quantum.tenant_id),
-        pgqueue.base_quantum())
+    SELECT pgqueue.plan_quantum(t.plan, t.quantum, pgqueue.base_quantum())
+    FROM (SELECT 1) AS one
+    LEFT JOIN pgqueue.tenants t ON t.tenant_id = tenant_quantum.tenant_id
 $$;
 
 -- The tier-pick policy: GUC pgqueue.tier_policy (weighted | probabilistic | strict).
@@ -134,17 +141,19 @@ DECLARE
 BEGIN
     IF name NOT IN ('weighted', 'probabilistic', 'strict') THEN
         RAISE EXCEPTION 'unknown tier policy %; expected weighted, probabilistic or strict',
-            quote_literal(name) USING ERRCODE = 'PQ010';
+            quote_literal(name) USING ERRCODE = 'PQ009';
     END IF;
     RETURN name;
 END
 $$;
 
 -- ---------------------------------------------------------------------------- DRR steps
--- These run only inside pgqueue.drr_dispatch, under its advisory lock.
+-- These run only inside pgqueue.drr_dispatch, under its advisory lock. The tier's round state
+-- (turn, tail, round) travels in INOUT parameters and is written once per claim.
 
 -- The pair has no due job: it leaves the round with its deficit reset (idle tenants bank no
--- credit), and waits until its next job is due; with nothing queued the row goes.
+-- credit) and waits until its next job is due; with nothing queued the row goes. A due job
+-- that someone else holds locked is looked at again a second later.
 CREATE FUNCTION pgqueue.drr_leave(p_tier pgqueue.tier, p_tenant text)
 RETURNS void
 LANGUAGE plpgsql
@@ -161,23 +170,24 @@ BEGIN
         DELETE FROM pgqueue.deficits d WHERE d.tenant_id = p_tenant AND d.tier = p_tier;
     ELSE
         UPDATE pgqueue.deficits d
-        SET pos = NULL, deficit = 0, due_at = greatest(next_due, now())
+        SET pos = NULL, deficit = 0,
+            due_at = CASE WHEN next_due > now() THEN next_due
+                          ELSE now() + interval '1 second' END
         WHERE d.tenant_id = p_tenant AND d.tier = p_tier;
     END IF;
-    UPDATE pgqueue.tier_state s SET turn_tenant = NULL
-    WHERE s.tier = p_tier AND s.turn_tenant = p_tenant;
 END
 $$;
 
--- Does the tier have a due job now? Probes pairs in round order; pairs without a due job
--- leave the round (so each is probed once until its work is due again).
-CREATE FUNCTION pgqueue.drr_tier_eligible(p_tier pgqueue.tier)
-RETURNS boolean
+-- Does the tier have a due job now? Probes pairs in round order, then the waiting ones; pairs
+-- without a due job leave the round (so each is probed once until its work is due again).
+CREATE FUNCTION pgqueue.drr_tier_eligible(p_tier pgqueue.tier, INOUT turn_tenant text,
+                                          OUT eligible boolean)
 LANGUAGE plpgsql
 AS $$
 DECLARE
     p record;
 BEGIN
+    eligible := false;
     FOR p IN
         SELECT d.tenant_id FROM pgqueue.deficits d
         WHERE d.tier = p_tier AND d.due_at <= now()
@@ -190,109 +200,65 @@ BEGIN
         LIMIT 1
         FOR UPDATE SKIP LOCKED;
         IF FOUND THEN
-            RETURN true;
+            eligible := true;
+            RETURN;
         END IF;
         PERFORM pgqueue.drr_leave(p_tier, p.tenant_id);
+        IF p.tenant_id = turn_tenant THEN
+            turn_tenant := NULL;
+        END IF;
     END LOOP;
-    RETURN false;
 END
 $$;
 
--- Pick the tier of the next dispatch among the eligible ones (tiers.py's policies).
-CREATE FUNCTION pgqueue.tier_pick(e_critical boolean, e_standard boolean, e_batch boolean)
-RETURNS pgqueue.tier
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    policy text := pgqueue.tier_policy();
-    s record;
-    total double precision := 0;
-    best pgqueue.tier;
-    best_current double precision;
-    draw double precision;
-BEGIN
-    IF NOT (e_critical OR e_standard OR e_batch) THEN
-        RETURN NULL;
-    END IF;
-    IF policy = 'strict' THEN
-        RETURN CASE WHEN e_critical THEN 'critical' WHEN e_standard THEN 'standard'
-                    ELSE 'batch' END::pgqueue.tier;
-    ELSIF policy = 'probabilistic' THEN
-        IF e_critical AND random() < 0.9 THEN
-            RETURN 'critical';
-        END IF;
-        IF e_standard AND e_batch THEN
-            draw := random() * 30.0;
-            RETURN CASE WHEN draw < 25.0 THEN 'standard' ELSE 'batch' END::pgqueue.tier;
-        END IF;
-        RETURN CASE WHEN e_standard THEN 'standard' WHEN e_batch THEN 'batch'
-                    ELSE 'critical' END::pgqueue.tier;
-    END IF;
-    -- weighted: smooth weighted round robin over the eligible tiers, in priority order.
-    FOR s IN
-        SELECT t.tier, t.weight, t.swrr_current FROM pgqueue.tier_state t
-        WHERE (t.tier = 'critical' AND e_critical) OR (t.tier = 'standard' AND e_standard)
-           OR (t.tier = 'batch' AND e_batch)
-        ORDER BY t.tier
-    LOOP
-        total := total + s.weight;
-        IF best IS NULL OR s.swrr_current + s.weight > best_current THEN
-            best := s.tier;
-            best_current := s.swrr_current + s.weight;
-        END IF;
-    END LOOP;
-    UPDATE pgqueue.tier_state t
-    SET swrr_current = t.swrr_current + t.weight - CASE WHEN t.tier = best THEN total ELSE 0 END
-    WHERE (t.tier = 'critical' AND e_critical) OR (t.tier = 'standard' AND e_standard)
-       OR (t.tier = 'batch' AND e_batch);
-    RETURN best;
-END
-$$;
-
--- One DrrScheduler.next() of the tier: the job to serve, with the round it is served in, and
--- whether that was the tenant's last due job (the caller then takes the job and calls
--- drr_leave, which must see the job gone).
--- Waiting pairs that are due join the tail of the round sorted by (refill offset, tenant id).
-CREATE FUNCTION pgqueue.drr_next(p_tier pgqueue.tier,
+-- One DrrScheduler.next() of the tier: the job to serve, and whether it was the tenant's last
+-- due job (the caller then takes the job and calls drr_leave, which must see it gone). With
+-- p_absorb, waiting pairs that are due first join the tail of the round sorted by
+-- (refill offset, tenant id): the staggered refill order.
+CREATE FUNCTION pgqueue.drr_next(p_tier pgqueue.tier, p_base double precision,
+                                 p_absorb boolean,
+                                 INOUT turn_tenant text, INOUT next_pos bigint,
+                                 INOUT round bigint, INOUT round_end_pos bigint,
                                  OUT tenant_id text, OUT job_id bigint,
-                                 OUT cost double precision, OUT round bigint,
-                                 OUT emptied boolean)
+                                 OUT cost double precision, OUT emptied boolean)
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    ts pgqueue.tier_state;
     p record;
     h record;
     joined bigint;
 BEGIN
-    SELECT * INTO ts FROM pgqueue.tier_state s WHERE s.tier = p_tier;
-    WITH waiting AS (
-        SELECT d.tenant_id,
-               row_number() OVER (ORDER BY d.refill_offset, d.tenant_id COLLATE "C") AS rn
-        FROM pgqueue.deficits d
-        WHERE d.tier = p_tier AND d.pos IS NULL AND d.due_at <= now()
-    )
-    UPDATE pgqueue.deficits d
-    SET pos = ts.next_pos + w.rn - 1
-    FROM waiting w
-    WHERE d.tier = p_tier AND d.tenant_id = w.tenant_id;
-    GET DIAGNOSTICS joined = ROW_COUNT;
-    ts.next_pos := ts.next_pos + joined;
-
+    IF p_absorb THEN
+        WITH waiting AS (
+            SELECT d.tenant_id,
+                   row_number() OVER (ORDER BY d.refill_offset, d.tenant_id COLLATE "C") AS rn
+            FROM pgqueue.deficits d
+            WHERE d.tier = p_tier AND d.pos IS NULL AND d.due_at <= now()
+        )
+        UPDATE pgqueue.deficits d
+        SET pos = drr_next.next_pos + w.rn - 1
+        FROM waiting w
+        WHERE d.tier = p_tier AND d.tenant_id = w.tenant_id;
+        GET DIAGNOSTICS joined = ROW_COUNT;
+        next_pos := next_pos + joined;
+    END IF;
     LOOP
-        SELECT d.tenant_id, d.deficit, d.pos INTO p
+        SELECT d.tenant_id, d.deficit, d.pos,
+               pgqueue.plan_quantum(t.plan, t.quantum, p_base) AS quantum
+        INTO p
         FROM pgqueue.deficits d
+        LEFT JOIN pgqueue.tenants t ON t.tenant_id = d.tenant_id
         WHERE d.tier = p_tier AND d.pos IS NOT NULL
         ORDER BY d.pos
         LIMIT 1;
         EXIT WHEN NOT FOUND;
-        IF ts.turn_tenant IS DISTINCT FROM p.tenant_id THEN  -- its turn begins
-            IF p.pos > ts.round_end_pos THEN
-                ts.round := ts.round + 1;
-                ts.round_end_pos := ts.next_pos - 1;
+        IF turn_tenant IS DISTINCT FROM p.tenant_id THEN  -- its turn begins: one quantum
+            IF p.pos > round_end_pos THEN
+                round := round + 1;
+                round_end_pos := next_pos - 1;
             END IF;
-            ts.turn_tenant := p.tenant_id;
-            p.deficit := p.deficit + pgqueue.tenant_quantum(p.tenant_id);
+            turn_tenant := p.tenant_id;
+            p.deficit := p.deficit + p.quantum;
         END IF;
         SELECT j.id, j.cost, j.run_at INTO h
         FROM pgqueue.jobs j
@@ -303,14 +269,13 @@ BEGIN
         FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
             PERFORM pgqueue.drr_leave(p_tier, p.tenant_id);
-            ts.turn_tenant := NULL;
+            turn_tenant := NULL;
             CONTINUE;
         END IF;
         IF h.cost <= p.deficit THEN
             tenant_id := p.tenant_id;
             job_id := h.id;
             cost := h.cost;
-            round := ts.round;
             UPDATE pgqueue.deficits d SET deficit = p.deficit - h.cost
             WHERE d.tenant_id = p.tenant_id AND d.tier = p_tier;
             PERFORM 1 FROM pgqueue.jobs j
@@ -318,44 +283,52 @@ BEGIN
               AND j.run_at <= now() AND (j.run_at, j.id) > (h.run_at, h.id)
             ORDER BY j.run_at, j.id
             LIMIT 1;
-            emptied := NOT FOUND;  -- its queue is empty now: it leaves the round (caller)
+            emptied := NOT FOUND;
             IF emptied THEN
-                ts.turn_tenant := NULL;
+                turn_tenant := NULL;
             END IF;
-            EXIT;
+            RETURN;
         END IF;
         -- The head costs more than the credit left: the turn ends, the deficit carries over.
-        UPDATE pgqueue.deficits d SET deficit = p.deficit, pos = ts.next_pos
+        UPDATE pgqueue.deficits d SET deficit = p.deficit, pos = drr_next.next_pos
         WHERE d.tenant_id = p.tenant_id AND d.tier = p_tier;
-        ts.next_pos := ts.next_pos + 1;
-        ts.turn_tenant := NULL;
+        next_pos := next_pos + 1;
+        turn_tenant := NULL;
     END LOOP;
-    UPDATE pgqueue.tier_state s
-    SET turn_tenant = ts.turn_tenant, next_pos = ts.next_pos, round = ts.round,
-        round_end_pos = ts.round_end_pos
-    WHERE s.tier = p_tier;
 END
 $$;
 
 -- ------------------------------------------------------------------------------- claim
 
 -- Decide and take up to max_jobs jobs, one dispatch at a time exactly as max_jobs single-job
--- claims would: tier pick, then DRR within the tier, state written in this transaction.
--- A transaction-scoped advisory lock serialises the decisions of concurrent claimers (the
--- lock is held for the few milliseconds of the batch). Must run in READ COMMITTED, so that
--- each statement sees what the previous claim committed.
+-- claims would: tier pick (pgqueue.tier_policy), then DRR within the tier; the deficits and
+-- the tier state are written in this transaction. A transaction-scoped advisory lock
+-- serialises the decisions of concurrent claimers (held for the milliseconds of one batch).
+-- Must run in READ COMMITTED, so that each statement sees what the previous claim committed.
 CREATE FUNCTION pgqueue.drr_dispatch(max_jobs integer, worker_id text,
                                      lease_seconds double precision)
 RETURNS TABLE (claim_tier pgqueue.tier, claim_round bigint, claimed pgqueue.jobs)
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    e_critical boolean;
-    e_standard boolean;
-    e_batch boolean;
+    tiers constant pgqueue.tier[] := '{critical,standard,batch}';
+    policy constant text := pgqueue.tier_policy();
+    base constant double precision := pgqueue.base_quantum();
+    weight double precision[] := '{0,0,0}';
+    cur double precision[] := '{0,0,0}';
+    turn text[] := '{NULL,NULL,NULL}';
+    npos bigint[] := '{1,1,1}';
+    rnd bigint[] := '{0,0,0}';
+    rend bigint[] := '{0,0,0}';
+    elig boolean[] := '{f,f,f}';
+    absorb boolean[];
     taken integer := 0;
     repaired boolean := false;
-    t pgqueue.tier;
+    i integer;
+    best integer;
+    total double precision;
+    s record;
+    e record;
     nx record;
     orphan record;
 BEGIN
@@ -363,6 +336,15 @@ BEGIN
         RAISE EXCEPTION 'limit must be >= 0, got %', max_jobs USING ERRCODE = 'PQ009';
     END IF;
     PERFORM pg_advisory_xact_lock(7310575183440224370);  -- 'pgq_drr!'
+    FOR s IN SELECT * FROM pgqueue.tier_state LOOP
+        i := array_position(tiers, s.tier);
+        weight[i] := s.weight;
+        cur[i] := s.swrr_current;
+        turn[i] := s.turn_tenant;
+        npos[i] := s.next_pos;
+        rnd[i] := s.round;
+        rend[i] := s.round_end_pos;
+    END LOOP;
     LOOP
         WITH drained AS (
             DELETE FROM pgqueue.drr_inbox RETURNING tier, tenant_id
@@ -372,36 +354,81 @@ BEGIN
         ON CONFLICT (tenant_id, tier) DO UPDATE SET due_at = '-infinity'
         WHERE d.pos IS NULL;
 
-        e_critical := pgqueue.drr_tier_eligible('critical');
-        e_standard := pgqueue.drr_tier_eligible('standard');
-        e_batch := pgqueue.drr_tier_eligible('batch');
+        absorb := '{f,f,f}';
+        FOR s IN
+            SELECT DISTINCT d.tier FROM pgqueue.deficits d
+            WHERE d.pos IS NULL AND d.due_at <= now()
+        LOOP
+            absorb[array_position(tiers, s.tier)] := true;
+        END LOOP;
+        FOR i IN 1 .. 3 LOOP
+            SELECT * INTO e FROM pgqueue.drr_tier_eligible(tiers[i], turn[i]);
+            elig[i] := e.eligible;
+            turn[i] := e.turn_tenant;
+        END LOOP;
+
         WHILE taken < max_jobs LOOP
-            t := pgqueue.tier_pick(e_critical, e_standard, e_batch);
-            EXIT WHEN t IS NULL;
-            SELECT * INTO nx FROM pgqueue.drr_next(t);
-            IF nx.job_id IS NOT NULL THEN
-                UPDATE pgqueue.jobs j
-                SET state = 'running',
-                    attempts = j.attempts + 1,
-                    started_at = clock_timestamp(),
-                    worker_id = drr_dispatch.worker_id,
-                    lease_token = gen_random_uuid(),
-                    lease_expires_at = now() + make_interval(secs => lease_seconds)
-                WHERE j.id = nx.job_id AND j.tenant_id = nx.tenant_id
-                RETURNING j.* INTO claimed;
-                IF nx.emptied THEN
-                    PERFORM pgqueue.drr_leave(t, nx.tenant_id);
+            -- Tier pick (pgqueue/scheduling/tiers.py), over the eligible tiers only.
+            best := NULL;
+            IF policy = 'strict' THEN
+                best := array_position(elig, true);
+            ELSIF policy = 'probabilistic' THEN
+                IF elig[1] AND random() < 0.9 THEN
+                    best := 1;
+                ELSIF elig[2] AND elig[3] THEN
+                    best := CASE WHEN random() * 30.0 < 25.0 THEN 2 ELSE 3 END;
+                ELSE
+                    best := coalesce(array_position(elig[2:3], true) + 1,
+                                     array_position(elig, true));
                 END IF;
-                claim_tier := t;
-                claim_round := nx.round;
-                taken := taken + 1;
-                RETURN NEXT;
+            ELSE  -- weighted: smooth weighted round robin, ties to the higher priority
+                total := 0;
+                FOR i IN 1 .. 3 LOOP
+                    IF elig[i] THEN
+                        cur[i] := cur[i] + weight[i];
+                        total := total + weight[i];
+                        IF best IS NULL OR cur[i] > cur[best] THEN
+                            best := i;
+                        END IF;
+                    END IF;
+                END LOOP;
+                IF best IS NOT NULL THEN
+                    cur[best] := cur[best] - total;
+                END IF;
             END IF;
-            CASE t
-                WHEN 'critical' THEN e_critical := pgqueue.drr_tier_eligible(t);
-                WHEN 'standard' THEN e_standard := pgqueue.drr_tier_eligible(t);
-                WHEN 'batch' THEN e_batch := pgqueue.drr_tier_eligible(t);
-            END CASE;
+            EXIT WHEN best IS NULL;
+
+            SELECT * INTO nx
+            FROM pgqueue.drr_next(tiers[best], base, absorb[best], turn[best], npos[best],
+                                  rnd[best], rend[best]);
+            absorb[best] := false;
+            turn[best] := nx.turn_tenant;
+            npos[best] := nx.next_pos;
+            rnd[best] := nx.round;
+            rend[best] := nx.round_end_pos;
+            IF nx.job_id IS NULL THEN
+                elig[best] := false;
+                CONTINUE;
+            END IF;
+            UPDATE pgqueue.jobs j
+            SET state = 'running',
+                attempts = j.attempts + 1,
+                started_at = clock_timestamp(),
+                worker_id = drr_dispatch.worker_id,
+                lease_token = gen_random_uuid(),
+                lease_expires_at = now() + make_interval(secs => lease_seconds)
+            WHERE j.id = nx.job_id AND j.tenant_id = nx.tenant_id
+            RETURNING j.* INTO claimed;
+            IF nx.emptied THEN
+                PERFORM pgqueue.drr_leave(tiers[best], nx.tenant_id);
+                SELECT * INTO e FROM pgqueue.drr_tier_eligible(tiers[best], turn[best]);
+                elig[best] := e.eligible;
+                turn[best] := e.turn_tenant;
+            END IF;
+            claim_tier := tiers[best];
+            claim_round := rnd[best];
+            taken := taken + 1;
+            RETURN NEXT;
         END LOOP;
         -- Work-conserving safety net: nothing taken, yet a due job exists (its pair was lost,
         -- e.g. rows written with triggers disabled): note its pair and decide once more.
@@ -416,6 +443,12 @@ BEGIN
         INSERT INTO pgqueue.drr_inbox (tier, tenant_id) VALUES (orphan.priority, orphan.tenant_id);
         repaired := true;
     END LOOP;
+    UPDATE pgqueue.tier_state ts
+    SET swrr_current = cur[array_position(tiers, ts.tier)],
+        turn_tenant = turn[array_position(tiers, ts.tier)],
+        next_pos = npos[array_position(tiers, ts.tier)],
+        round = rnd[array_position(tiers, ts.tier)],
+        round_end_pos = rend[array_position(tiers, ts.tier)];
 END
 $$;
 
