@@ -53,7 +53,9 @@ def _claim(conn: psycopg.Connection[Any], mode: str, limit: int, worker: str) ->
         return cur.fetchall()
 
 
-def _worker(dsn: str, mode: str, jobs: int, batch: int, start_at: float) -> tuple[float, float, int]:
+def _worker(
+    dsn: str, mode: str, jobs: int, batch: int, start_at: float
+) -> tuple[float, float, int]:
     """Claim and complete ``jobs`` jobs; returns (start, end, done)."""
     worker = f"bench-{os.getpid()}"
     with psycopg.connect(dsn) as conn:
