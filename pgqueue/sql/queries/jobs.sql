@@ -1,28 +1,13 @@
 -- The claim path and every guarded state transition of a job.
 
 -- name: job_claim :many
--- Tier order, then FIFO. Claims only due, queued jobs; SKIP LOCKED lets workers claim side by
--- side. The DRR issue replaces the ORDER BY; every caller goes through this one statement.
-WITH picked AS (
-    SELECT j.id, j.tenant_id
-    FROM pgqueue.jobs j
-    WHERE j.state = 'queued' AND j.run_at <= now()
-    ORDER BY j.priority, j.id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE pgqueue.jobs j
-SET state = 'running',
-    attempts = j.attempts + 1,
-    started_at = now(),
-    worker_id = %(worker_id)s,
-    lease_token = gen_random_uuid(),
-    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
-FROM picked
-WHERE j.id = picked.id AND j.tenant_id = picked.tenant_id
-RETURNING j.id, j.tenant_id, j.kind, j.priority, j.payload, j.cost, j.attempts, j.max_attempts,
-          j.throttle_retries, j.enqueued_at, j.lease_token::text AS lease_token, j.model,
-          j.est_input_tokens
+-- Tier pick (pgqueue.tier_policy) then per-tenant Deficit Round Robin within the tier, decided
+-- under a short advisory lock so that every worker shares one fair schedule; the deficits are
+-- charged in this transaction. Only due, queued jobs. See pgqueue.drr_dispatch and docs/drr.md.
+SELECT c.id, c.tenant_id, c.kind, c.priority, c.payload, c.cost, c.attempts, c.max_attempts,
+       c.throttle_retries, c.enqueued_at, c.lease_token::text AS lease_token, c.model,
+       c.est_input_tokens
+FROM pgqueue.claim(%(limit)s, %(worker_id)s, %(lease_seconds)s) AS c
 
 -- name: job_complete :execrows
 -- Fenced: only the lease holder of a running job can record its success.

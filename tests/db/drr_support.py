@@ -1,0 +1,122 @@
+"""Helpers for the DRR claim tests: put jobs straight into pgqueue.jobs, claim, reset, and
+mirror the same inputs into the pure reference (pgqueue.scheduling.dispatch.TieredDrr)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from pgqueue.models import Tier
+from pgqueue.scheduling.dispatch import Dispatch, TieredDrr
+from pgqueue.scheduling.drr import quantum_for_plan
+from pgqueue.scheduling.tiers import WeightedPolicy
+
+PAYLOAD = '{"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}'
+ORIGIN = {Tier.CRITICAL: "user_action", Tier.STANDARD: "scheduled", Tier.BATCH: "batch_job"}
+
+Conn = psycopg.Connection[Any]
+
+
+def set_tenant(conn: Conn, tenant: str, plan: str = "free", quantum: float | None = None) -> None:
+    conn.execute(
+        "INSERT INTO pgqueue.tenants (tenant_id, plan, quantum) VALUES (%s, %s, %s) "
+        "ON CONFLICT (tenant_id) DO UPDATE SET plan = excluded.plan, quantum = excluded.quantum",
+        (tenant, plan, quantum),
+    )
+
+
+def add_jobs(
+    conn: Conn,
+    jobs: Sequence[tuple[Tier, str, float]],
+    ref: TieredDrr | None = None,
+    *,
+    run_at_offset_seconds: float = 0.0,
+) -> list[int]:
+    """Insert (tier, tenant, cost) jobs in one statement, in order; commit; mirror into ref."""
+    if not jobs:
+        return []
+    for tenant in sorted({tenant for _, tenant, _ in jobs}):
+        conn.execute(
+            "INSERT INTO pgqueue.tenants (tenant_id) VALUES (%s) ON CONFLICT DO NOTHING",
+            (tenant,),
+        )
+    rows = conn.execute(
+        """
+        INSERT INTO pgqueue.jobs (tenant_id, origin, priority, payload, cost, run_at)
+        SELECT t, o::pgqueue.origin, p::pgqueue.tier, %s::jsonb, c,
+               now() + make_interval(secs => %s)
+        FROM unnest(%s::text[], %s::text[], %s::text[], %s::float8[])
+             WITH ORDINALITY AS u(t, o, p, c, ord)
+        ORDER BY ord
+        RETURNING id
+        """,
+        (
+            PAYLOAD,
+            run_at_offset_seconds,
+            [tenant for _, tenant, _ in jobs],
+            [ORIGIN[tier] for tier, _, _ in jobs],
+            [tier.value for tier, _, _ in jobs],
+            [cost for _, _, cost in jobs],
+        ),
+    ).fetchall()
+    conn.commit()
+    ids = sorted(row[0] for row in rows)
+    if ref is not None:
+        for job_id, (tier, tenant, cost) in zip(ids, jobs, strict=True):
+            ref.enqueue(tier, tenant, job_id, cost)
+    return ids
+
+
+def claim(conn: Conn, limit: int = 1, worker: str = "test") -> list[Dispatch]:
+    rows = conn.execute(
+        "SELECT priority::text, tenant_id, id, cost FROM pgqueue.claim(%s, %s, 60)",
+        (limit, worker),
+    ).fetchall()
+    conn.commit()
+    return [Dispatch(Tier(p), t, i, c) for p, t, i, c in rows]
+
+
+def claim_n(conn: Conn, n: int, batch: int = 10) -> list[Dispatch]:
+    out: list[Dispatch] = []
+    while len(out) < n:
+        got = claim(conn, min(batch, n - len(out)))
+        if not got:
+            break
+        out.extend(got)
+    return out
+
+
+def reference(conn: Conn) -> TieredDrr:
+    """A reference whose quanta are read from pgqueue.tenants the way the SQL reads them."""
+    plans = {
+        t: (plan, q)
+        for t, plan, q in conn.execute("SELECT tenant_id, plan, quantum FROM pgqueue.tenants")
+    }
+
+    def quantum_of(tenant: str) -> float:
+        plan, override = plans.get(tenant, ("free", None))
+        return quantum_for_plan(plan, override=override)
+
+    return TieredDrr(WeightedPolicy(), quantum_of)
+
+
+def reset(conn: Conn) -> None:
+    """Empty the queue and the scheduler state (between hypothesis examples)."""
+    conn.execute(
+        "TRUNCATE pgqueue.jobs, pgqueue.deficits, pgqueue.drr_inbox, pgqueue.throttle_events, "
+        "pgqueue.demotions, pgqueue.tenants"
+    )
+    conn.execute(
+        "UPDATE pgqueue.tier_state SET swrr_current = 0, turn_tenant = NULL, next_pos = 1, "
+        "round = 0, round_end_pos = 0"
+    )
+    conn.commit()
+
+
+def ref_take(ref: TieredDrr, n: int) -> list[Dispatch]:
+    out: list[Dispatch] = []
+    while len(out) < n and (item := ref.next()) is not None:
+        out.append(item)
+    return out

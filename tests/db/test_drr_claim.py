@@ -1,0 +1,391 @@
+"""The SQL claim (pgqueue.claim, migration 0002) against issue 3's properties and against the
+pure reference (pgqueue.scheduling.dispatch.TieredDrr) on the same inputs."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, defaultdict
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pgqueue.db import queries
+from pgqueue.models import Tier
+from pgqueue.scheduling.drr import jain_index
+from tests.db.drr_support import (
+    add_jobs,
+    claim,
+    claim_n,
+    ref_take,
+    reference,
+    reset,
+    set_tenant,
+)
+
+C, S, B = Tier.CRITICAL, Tier.STANDARD, Tier.BATCH
+
+
+# ------------------------------------------------------------------------ property 1
+
+
+@pytest.mark.parametrize("quantum", [5.0, 1.0])
+@pytest.mark.parametrize("served_before_arrival", [0, 1, 3, 4, 7])
+def test_p1_new_tenant_served_within_one_round(conn, quantum, served_before_arrival):
+    set_tenant(conn, "A", quantum=quantum if quantum != 5.0 else None)
+    set_tenant(conn, "B", quantum=quantum if quantum != 5.0 else None)
+    add_jobs(conn, [(C, "A", 1.0)] * 100)
+    before = claim_n(conn, served_before_arrival, batch=1)
+    assert [d.tenant_id for d in before] == ["A"] * served_before_arrival
+    add_jobs(conn, [(C, "B", 1.0)])
+    a_after_arrival = 0
+    while True:
+        (d,) = claim(conn, 1)
+        if d.tenant_id == "B":
+            break
+        a_after_arrival += 1
+    assert a_after_arrival <= quantum
+
+
+def test_p1_through_enqueue_function(conn):
+    """The same through pgqueue.enqueue (cost estimated from the payload), FIFO = 100."""
+    payload = '{"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]}'
+    conn.execute(
+        "SELECT pgqueue.enqueue('A', 'user_action', %s::jsonb) FROM generate_series(1, 100)",
+        (payload,),
+    )
+    conn.commit()
+    conn.execute("SELECT pgqueue.enqueue('B', 'user_action', %s::jsonb)", (payload,))
+    conn.commit()
+    order = [d.tenant_id for d in claim_n(conn, 101, batch=1)]
+    assert order.index("B") <= 5
+
+
+# ------------------------------------------------------------------------ property 2
+
+
+def test_p2_equal_tenants_bounded_and_jain(conn):
+    rng = random.Random(2)
+    tenants = [f"t{i}" for i in range(8)]
+    ref = reference(conn)
+    jobs = [(C, t, float(rng.randint(1, 8))) for _ in range(400) for t in tenants]
+    add_jobs(conn, jobs, ref)
+    got = claim_n(conn, 2000, batch=16)
+    assert got == ref_take(ref, 2000)
+    served: Counter[str] = Counter()
+    for d in got:
+        served[d.tenant_id] += d.cost
+        assert max(served[t] for t in tenants) - min(served[t] for t in tenants) <= 5 + 8
+    row = conn.execute(
+        "SELECT jain_weighted, jain_unweighted, tenants FROM pgqueue.fairness "
+        "WHERE window_name = '1h' AND tier = 'critical'"
+    ).fetchone()
+    assert row is not None
+    assert row[2] == 8
+    assert row[0] >= 0.99 and row[1] >= 0.99
+    assert row[0] == pytest.approx(jain_index([served[t] for t in tenants]))
+
+
+# ------------------------------------------------------------------------ property 3
+
+
+def test_p3_pro_tenant_gets_three_times(conn):
+    set_tenant(conn, "pro1", plan="pro")
+    for t in ("f1", "f2", "f3"):
+        set_tenant(conn, t)
+    conn.commit()
+    rng = random.Random(3)
+    jobs = [
+        (C, t, float(rng.randint(1, 4)))
+        for i in range(1000)
+        for t in ("pro1", "f1", "f2", "f3")
+        if t == "pro1" or i < 400
+    ]
+    add_jobs(conn, jobs)
+    got = claim_n(conn, 1200, batch=20)
+    served: Counter[str] = Counter()
+    for d in got:
+        served[d.tenant_id] += d.cost
+    free = (served["f1"] + served["f2"] + served["f3"]) / 3
+    assert served["pro1"] / free == pytest.approx(3.0, rel=0.10)
+    row = conn.execute(
+        "SELECT jain_weighted FROM pgqueue.fairness WHERE window_name = '5m' AND tier IS NULL"
+    ).fetchone()
+    assert row is not None and row[0] >= 0.99
+
+
+# ------------------------------------------------------------------------ property 4
+
+
+def test_p4_costly_job_served_after_ceil_cost_over_quantum_rounds(conn):
+    ref = reference(conn)
+    jobs = [(C, "big", 40.0)] + [(C, t, 1.0) for _ in range(60) for t in ("x", "y", "z")]
+    add_jobs(conn, jobs, ref)
+    rows = conn.execute(
+        "SELECT claim_round, (claimed).tenant_id, (claimed).id, (claimed).cost "
+        "FROM pgqueue.drr_dispatch(200, 'w', 60)"
+    ).fetchall()
+    conn.commit()
+    big = [r for r in rows if r[1] == "big"]
+    assert len(big) == 1
+    assert big[0][0] == 8  # rounds are counted from 1: served in its 8th turn = ceil(40/5)
+    ref_order = [(d.tenant_id, d.job_id) for d in ref_take(ref, 200)]
+    assert [(r[1], r[2]) for r in rows] == ref_order
+
+
+# ------------------------------------------------------------------------ property 5
+
+
+def _full_backlog(conn, per_tier: int = 2500, tiers=(C, S, B)) -> None:
+    jobs = [(tier, f"{tier.value}-{i % 3}", 1.0) for tier in tiers for i in range(per_tier)]
+    add_jobs(conn, jobs)
+
+
+def test_p5_weighted_shares_full_backlog(conn):
+    _full_backlog(conn)
+    got = claim_n(conn, 2000, batch=50)
+    share = Counter(d.tier for d in got)
+    assert abs(share[C] / 2000 - 0.70) <= 0.03
+    assert abs(share[S] / 2000 - 0.25) <= 0.03
+    assert abs(share[B] / 2000 - 0.05) <= 0.03
+    for prefix in range(1, 2001):  # SWRR: never more than ~one pick from the ideal share
+        counts = Counter(d.tier for d in got[:prefix])
+        assert abs(counts[B] - prefix * 0.05) <= 1.0
+
+
+def test_p5_weighted_without_critical_splits_25_5(conn):
+    _full_backlog(conn, tiers=(S, B))
+    got = claim_n(conn, 2000, batch=50)
+    share = Counter(d.tier for d in got)
+    assert abs(share[S] / 2000 - 25 / 30) <= 0.03
+    assert abs(share[B] / 2000 - 5 / 30) <= 0.03
+
+
+@pytest.mark.parametrize("policy", ["weighted", "probabilistic", "strict"])
+def test_p5_batch_starvation_only_under_strict(conn, policy):
+    conn.execute("SELECT set_config('pgqueue.tier_policy', %s, false)", (policy,))
+    conn.execute("SELECT setseed(0.5)")
+    _full_backlog(conn)
+    got = claim_n(conn, 2000, batch=50)
+    batch = sum(1 for d in got if d.tier is B)
+    if policy == "strict":
+        assert batch == 0 and all(d.tier is C for d in got)
+    else:
+        assert batch > 0
+    if policy == "probabilistic":
+        assert abs(sum(1 for d in got if d.tier is C) / 2000 - 0.9) <= 0.04
+
+
+@pytest.mark.parametrize("policy", ["weighted", "probabilistic", "strict"])
+def test_p5_every_policy_is_work_conserving(conn, policy):
+    conn.execute("SELECT set_config('pgqueue.tier_policy', %s, false)", (policy,))
+    for only in (B, S, C):
+        add_jobs(conn, [(only, "solo", 1.0)] * 3)
+        assert [d.tier for d in claim(conn, 5)] == [only] * 3
+        assert claim(conn, 5) == []
+
+
+def test_unknown_policy_is_refused(conn):
+    conn.execute("SET pgqueue.tier_policy = 'lottery'")
+    add_jobs(conn, [(C, "a", 1.0)])
+    with pytest.raises(psycopg.Error) as caught:
+        claim(conn, 1)
+    assert caught.value.sqlstate == "PQ009"
+    assert "unknown tier policy" in str(caught.value)
+
+
+# ------------------------------------------------------------------------ property 6
+
+
+def _claimer(dsn: str, worker: str, total: int) -> list[int]:
+    rng = random.Random(worker)
+    taken: list[int] = []
+    with psycopg.connect(dsn, autocommit=True) as c:
+        while True:
+            rows = c.execute(
+                "SELECT id FROM pgqueue.claim(%s, %s, 60)", (rng.randint(1, 8), worker)
+            ).fetchall()
+            if not rows:
+                return taken
+            taken.extend(r[0] for r in rows)
+            if len(taken) >= total:
+                return taken
+
+
+@pytest.mark.slow
+def test_p6_four_processes_share_one_schedule(conn, db_dsn):
+    import multiprocessing
+
+    rng = random.Random(6)
+    tenants = [f"t{i}" for i in range(8)]
+    ref = reference(conn)
+    add_jobs(conn, [(C, t, float(rng.randint(1, 8))) for _ in range(300) for t in tenants], ref)
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        results = pool.starmap(_claimer, [(db_dsn, f"w{i}", 500) for i in range(4)])
+    claimed = [job for r in results for job in r]
+    assert len(claimed) == len(set(claimed))  # nobody claimed a job twice
+    rows = conn.execute(
+        "SELECT tenant_id, id, cost, worker_id FROM pgqueue.jobs "
+        "WHERE state = 'running' ORDER BY started_at, id"
+    ).fetchall()
+    assert sorted(claimed) == sorted(r[1] for r in rows)
+    assert len({r[3] for r in rows}) == 4
+    # One serialised schedule: the union of the four workers' claims, in claim order, is
+    # exactly the single-claimer reference sequence (so no deficit update was lost).
+    expected = [(d.tenant_id, d.job_id) for d in ref_take(ref, len(rows))]
+    assert [(r[0], r[1]) for r in rows] == expected
+    served: Counter[str] = Counter()
+    for tenant, _, cost, _ in rows:
+        served[tenant] += cost
+        assert max(served[t] for t in tenants) - min(served[t] for t in tenants) <= 5 + 8 + 4 * 5
+    deficits = conn.execute("SELECT tenant_id, deficit FROM pgqueue.deficits").fetchall()
+    for tenant, deficit in deficits:
+        assert 0 <= deficit < 5 + 8, tenant
+
+
+# ------------------------------------------------------------------------ claim_order view
+
+
+def test_claim_order_agrees_with_next_20_single_claims(conn):
+    rng = random.Random(20)
+    set_tenant(conn, "p", plan="pro")
+    jobs = [
+        (rng.choice([C, C, S, B]), rng.choice("pqrst"), float(rng.randint(1, 9)))
+        for _ in range(120)
+    ]
+    add_jobs(conn, jobs)
+    claim_n(conn, 7, batch=3)  # some turns in progress
+    state_before = conn.execute(
+        "SELECT (SELECT array_agg(s ORDER BY s.tier) FROM pgqueue.tier_state s)::text, "
+        "(SELECT array_agg(d ORDER BY d.tenant_id, d.tier) FROM pgqueue.deficits d)::text"
+    ).fetchone()
+    view = conn.execute(
+        "SELECT tier::text, round, tenant_id, job_id, cost FROM pgqueue.claim_order LIMIT 20"
+    ).fetchall()
+    conn.commit()
+    state_after = conn.execute(
+        "SELECT (SELECT array_agg(s ORDER BY s.tier) FROM pgqueue.tier_state s)::text, "
+        "(SELECT array_agg(d ORDER BY d.tenant_id, d.tier) FROM pgqueue.deficits d)::text"
+    ).fetchone()
+    assert state_after == state_before  # the view changed nothing
+    assert len(view) == 20
+    assert conn.execute("SELECT count(*) FROM pgqueue.jobs WHERE state = 'running'").fetchone() == (
+        7,
+    )
+    taken = [claim(conn, 1)[0] for _ in range(20)]
+    assert [(t, ten, j, c) for t, _, ten, j, c in view] == [
+        (d.tier.value, d.tenant_id, d.job_id, d.cost) for d in taken
+    ]
+    rounds = [r[1] for r in view]
+    assert min(rounds) >= 0
+
+
+# ------------------------------------------------------------------------ SQL vs reference
+
+
+job_lists = st.lists(
+    st.tuples(
+        st.sampled_from([C, S, B]),
+        st.sampled_from(["a", "b", "c", "d"]),
+        st.integers(1, 12).map(float),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    phases=st.lists(st.tuples(job_lists, st.integers(0, 30), st.integers(1, 6)), max_size=3),
+    quanta=st.fixed_dictionaries(
+        {t: st.sampled_from([None, 1.0, 2.5, 7.0]) for t in ["a", "b", "c", "d"]}
+    ),
+    pro=st.sampled_from(["a", "b", "none"]),
+)
+def test_sql_claim_matches_reference(conn, phases, quanta, pro):
+    reset(conn)
+    for tenant, q in quanta.items():
+        set_tenant(conn, tenant, plan="pro" if tenant == pro else "free", quantum=q)
+    conn.commit()
+    ref = reference(conn)
+    for jobs, n, batch in phases:
+        add_jobs(conn, jobs, ref)
+        got = claim_n(conn, n, batch=batch)
+        assert got == ref_take(ref, n)
+    assert claim_n(conn, 10_000, batch=7) == ref_take(ref, 10_000)
+    assert conn.execute("SELECT count(*) FROM pgqueue.deficits").fetchone() == (0,)
+
+
+# ------------------------------------------------------------------------ time and repair
+
+
+def test_future_jobs_do_not_block_a_tenant_or_the_queue(conn):
+    add_jobs(conn, [(C, "a", 1.0)] * 3, run_at_offset_seconds=3600)
+    add_jobs(conn, [(C, "a", 1.0)])
+    add_jobs(conn, [(C, "z", 1.0)] * 2, run_at_offset_seconds=3600)
+    got = claim(conn, 10)
+    assert [d.tenant_id for d in got] == ["a"]
+    assert claim(conn, 10) == []  # nothing is due
+    conn.execute("UPDATE pgqueue.jobs SET run_at = now() WHERE tenant_id = 'z'")
+    conn.commit()
+    assert [d.tenant_id for d in claim(conn, 10)] == ["z", "z"]
+
+
+def test_requeued_job_is_claimed_again(conn):
+    (job_id,) = add_jobs(conn, [(S, "a", 1.0)])
+    row = queries.run(conn, "job_claim", {"limit": 5, "worker_id": "w", "lease_seconds": 30})
+    assert [r["id"] for r in row] == [job_id]
+    state = queries.run(
+        conn,
+        "job_retry",
+        {
+            "id": job_id,
+            "tenant_id": "a",
+            "lease_token": row[0]["lease_token"],
+            "permanent": False,
+            "delay_seconds": 0,
+            "error": "boom",
+        },
+    )
+    conn.commit()
+    assert state == {"state": "queued"}
+    assert [d.job_id for d in claim(conn, 5)] == [job_id]
+
+
+def test_lost_scheduler_state_is_repaired(conn):
+    add_jobs(conn, [(B, "a", 1.0)] * 2)
+    conn.execute("DELETE FROM pgqueue.drr_inbox")
+    conn.commit()
+    assert len(claim(conn, 5)) == 2
+
+
+def test_claim_limit_zero_and_empty_queue(conn):
+    assert claim(conn, 0) == []
+    assert claim(conn, 3) == []
+    add_jobs(conn, [(C, "a", 1.0)])
+    assert claim(conn, 0) == []
+    assert len(claim(conn, 3)) == 1
+
+
+def test_tenant_service_view(conn):
+    set_tenant(conn, "a", plan="pro")
+    add_jobs(conn, [(C, "a", 2.0)] * 4 + [(B, "b", 1.0)] * 3)
+    claim(conn, 3)
+    rows = conn.execute(
+        "SELECT tenant_id, tier::text, jobs_served, cost_served, jobs_queued, quantum "
+        "FROM pgqueue.tenant_service WHERE window_name = '1m' ORDER BY tenant_id"
+    ).fetchall()
+    by_tenant = defaultdict(list)
+    for r in rows:
+        by_tenant[r[0]].append(r)
+    assert sum(r[2] for r in rows) == 3
+    assert sum(r[2] + r[4] for r in rows) == 7
+    assert by_tenant["a"][0][5] == 15.0 and by_tenant["b"][0][5] == 5.0
