@@ -27,10 +27,14 @@ def collect_status(conn: psycopg.Connection[Any], *, top: int = 10) -> dict[str,
     depth = queries.run(conn, "report_depth")
     oldest = queries.run(conn, "report_oldest_queued")
     tenants = queries.run(conn, "report_top_tenants", {"since": None, "limit": top})
+    demotions = queries.run(conn, "report_demotions")
+    throttles = queries.run(conn, "report_throttles_by_tenant", {"window_seconds": 60})
     return {
         "depth": [{**r, "jobs": int(r["jobs"])} for r in depth],
         "oldest_queued_seconds": {r["tier"]: _num(r["oldest_seconds"]) for r in oldest},
         "top_tenants": [{k: _num(v) for k, v in r.items()} for r in tenants],
+        "demotions": [{k: _num(v) for k, v in r.items()} for r in demotions],
+        "throttles_last_minute": {r["tenant_id"]: int(r["throttles"]) for r in throttles},
     }
 
 
@@ -85,6 +89,18 @@ def render_run_report(report: dict[str, Any], console: Console, title: str = "Ru
     )
 
 
+def _render_demotions(status: dict[str, Any], console: Console) -> None:
+    if not status["demotions"]:
+        console.print("No tenant is demoted.")
+        return
+    table = Table(title="Demoted tenants (new jobs go to batch)")
+    for col in ("tenant", "reason", "expires in s"):
+        table.add_column(col)
+    for r in status["demotions"]:
+        table.add_row(r["tenant_id"], r["reason"], f"{r['expires_in_seconds']:.0f}")
+    console.print(table)
+
+
 def render_status(status: dict[str, Any], console: Console) -> None:
     """Print the tables of :func:`collect_status`."""
     depth = Table(title="Queue depth")
@@ -115,3 +131,7 @@ def render_status(status: dict[str, Any], console: Console) -> None:
             f"{r['input_tokens']:,}",
         )
     console.print(tenants)
+    _render_demotions(status, console)
+    throttled = status["throttles_last_minute"]
+    total = sum(throttled.values())
+    console.print(f"429/529 in the last minute: {total}" + (f" {throttled}" if throttled else ""))

@@ -106,7 +106,7 @@ def reset(conn: Conn) -> None:
     """Empty the queue and the scheduler state (between hypothesis examples)."""
     conn.execute(
         "TRUNCATE pgqueue.jobs, pgqueue.deficits, pgqueue.drr_inbox, pgqueue.throttle_events, "
-        "pgqueue.demotions, pgqueue.tenants"
+        "pgqueue.demotions, pgqueue.tenants CASCADE"
     )
     conn.execute(
         "UPDATE pgqueue.tier_state SET swrr_current = 0, turn_tenant = NULL, next_pos = 1, "

@@ -59,3 +59,19 @@ WHERE enqueued_at >= %(since)s AND state IN ('queued', 'running')
 
 -- name: db_now :one
 SELECT now() AS now
+
+-- name: report_demotions :many
+-- Tenants demoted now: why, since when, and when it expires (seconds from now).
+SELECT d.tenant_id, d.reason, d.demoted_at, d.expires_at,
+       extract(epoch FROM d.expires_at - now())::double precision AS expires_in_seconds
+FROM pgqueue.demotions d
+WHERE d.expires_at > now()
+ORDER BY d.expires_at DESC
+
+-- name: report_throttles_by_tenant :many
+-- Throttle events (429/529) per tenant in the last window_seconds.
+SELECT e.tenant_id, count(*) AS throttles
+FROM pgqueue.throttle_events e
+WHERE e.occurred_at > now() - make_interval(secs => %(window_seconds)s)
+GROUP BY e.tenant_id
+ORDER BY throttles DESC, e.tenant_id
