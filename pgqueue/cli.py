@@ -1,21 +1,29 @@
-"""The ``pgqueue`` command line: thin typer commands that parse, call one function, format."""
+"""The ``pgqueue`` command line: thin typer commands that parse, call one function, format.
+
+Every command goes through :func:`cli_errors`, so a user error prints one line and exits 2, an
+environment problem (database unreachable, schema missing) prints one line and exits 1, and
+neither shows a traceback.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
+import re
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 import psycopg
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from pgqueue.errors import PgqueueError
+from pgqueue.errors import PgqueueError, UsageError
 from pgqueue.settings import Settings, load_settings
 
 app = typer.Typer(
@@ -25,36 +33,82 @@ app = typer.Typer(
 )
 tenants_app = typer.Typer(help="List and configure tenants (plan, quantum, daily budget).")
 app.add_typer(tenants_app, name="tenants")
-console = Console()
-err_console = Console(stderr=True)
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 DsnOption = Annotated[
     str | None,
     typer.Option("--dsn", help="Postgres DSN; default PGQUEUE_DSN, else the embedded server."),
 ]
+_INT32_MAX = 2_147_483_647
+_PLAN = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
+
+
+def _say(kind: str, message: str) -> None:
+    err_console.print(f"[red]{kind}:[/red] {message}", highlight=False)
+
+
+def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn the errors a user can meet into one line on stderr and an exit code.
+
+    Exit 2: bad input (:class:`UsageError`, bad files, a malformed DSN). Exit 1: the
+    environment (unreachable database, missing schema, any other pgqueue or database error).
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except UsageError as exc:
+            _say(type(exc).__name__, str(exc))
+            raise typer.Exit(2) from None
+        except PgqueueError as exc:
+            _say(type(exc).__name__, str(exc))
+            raise typer.Exit(1) from None
+        except psycopg.OperationalError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            _say("cannot reach Postgres", first)
+            raise typer.Exit(1) from None
+        except (
+            psycopg.errors.UndefinedTable,
+            psycopg.errors.InvalidSchemaName,
+            psycopg.errors.UndefinedFunction,
+        ):
+            _say("SchemaOutOfDate", "the pgqueue schema is missing here; run `pgqueue migrate`")
+            raise typer.Exit(1) from None
+        except psycopg.errors.NumericValueOutOfRange as exc:
+            _say("InvalidArgument", exc.diag.message_primary or str(exc))
+            raise typer.Exit(2) from None
+        except psycopg.ProgrammingError as exc:
+            _say("invalid DSN or query", str(exc).strip().splitlines()[0])
+            raise typer.Exit(2) from None
+        except psycopg.Error as exc:
+            _say("database error", exc.diag.message_primary or str(exc))
+            raise typer.Exit(1) from None
+        except OSError as exc:
+            _say(type(exc).__name__, str(exc))
+            raise typer.Exit(2) from None
+
+    return wrapper
 
 
 def _settings(**overrides: Any) -> Settings:
     try:
         return load_settings(**overrides)
     except ValueError as exc:
-        err_console.print(f"[red]invalid settings:[/red] {exc}")
+        _say("invalid settings", str(exc))
         raise typer.Exit(2) from None
 
 
 def _dsn(settings: Settings, dsn: str | None) -> str:
     from pgqueue.db.connect import resolve_dsn
 
-    try:
-        return resolve_dsn(settings, dsn)
-    except PgqueueError as exc:
-        err_console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(1) from None
-
-
-def _fail(exc: Exception, code: int = 1) -> typer.Exit:
-    err_console.print(f"[red]{type(exc).__name__}:[/red] {exc}")
-    return typer.Exit(code)
+    return resolve_dsn(settings, dsn)
 
 
 @app.callback()
@@ -69,17 +123,34 @@ def main(
 
 
 @app.command()
+@cli_errors
 def migrate(dsn: DsnOption = None) -> None:
     """Create or upgrade the pgqueue schema (alembic; safe to run concurrently)."""
     from pgqueue.db import migrate as m
 
-    settings = _settings()
-    target = _dsn(settings, dsn)
+    target = _dsn(_settings(), dsn)
     m.upgrade(target)
     console.print(f"pgqueue schema at revision {m.head_revision()}")
 
 
 @app.command()
+@cli_errors
+def dsn(
+    show_password: Annotated[
+        bool, typer.Option(help="Print a configured password instead of ****.")
+    ] = False,
+) -> None:
+    """Print the DSN commands use (starting the embedded server if that is the default)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    target = _dsn(_settings(), None)
+    if not show_password and conninfo_to_dict(target).get("password"):
+        target = make_conninfo(target, password="****")
+    sys.stdout.write(target + "\n")
+
+
+@app.command()
+@cli_errors
 def work(
     dsn: DsnOption = None,
     concurrency: Annotated[int | None, typer.Option(min=1, help="Jobs in flight.")] = None,
@@ -100,19 +171,25 @@ def work(
 
     settings = _settings(poll_interval_seconds=poll_interval)
     target = _dsn(settings, dsn)
-    try:
-        registry = load_app(app_spec) if app_spec else Registry()
-        worker = Worker(
-            target, settings, registry, concurrency=concurrency, burst=burst, listen=listen
-        )
-        stats = asyncio.run(worker.run())
-    except PgqueueError as exc:
-        raise _fail(exc) from None
+    registry = load_app(app_spec) if app_spec else Registry()
+    worker = Worker(target, settings, registry, concurrency=concurrency, burst=burst, listen=listen)
+    stats = asyncio.run(worker.run())
     done = ", ".join(f"{k} {v}" for k, v in sorted(stats.outcomes.items())) or "nothing"
     console.print(f"worker {worker.worker_id} stopped: claimed {stats.claimed} ({done})")
 
 
+def _read_payload(payload: str) -> Any:
+    import pgqueue
+
+    raw = Path(payload[1:]).read_text(encoding="utf-8") if payload.startswith("@") else payload
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise pgqueue.InvalidPayload(f"--payload is not JSON: {exc}") from None
+
+
 @app.command()
+@cli_errors
 def enqueue(
     tenant: Annotated[str, typer.Argument(help="Tenant id.")],
     origin: Annotated[str, typer.Option(help="user_action | scheduled | batch_job")] = "scheduled",
@@ -122,57 +199,50 @@ def enqueue(
         str | None, typer.Option(help="Messages API parameters as JSON, or @file.json.")
     ] = None,
     model: Annotated[str, typer.Option(help="Model, with --prompt.")] = "claude-haiku-4-5",
-    max_tokens: Annotated[int, typer.Option(help="max_tokens, with --prompt.")] = 256,
+    max_tokens: Annotated[
+        int, typer.Option(min=1, max=_INT32_MAX, help="max_tokens, with --prompt.")
+    ] = 256,
     kind: Annotated[str, typer.Option(help="Handler kind.")] = "anthropic.messages",
     dsn: DsnOption = None,
 ) -> None:
     """Enqueue one job and print its id."""
     import pgqueue
 
+    if (prompt is None) == (payload is None):
+        raise pgqueue.InvalidArgument("give exactly one of --prompt TEXT or --payload JSON")
+    body: Any
     if payload is not None:
-        raw = Path(payload[1:]).read_text(encoding="utf-8") if payload.startswith("@") else payload
-        try:
-            body: Any = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise _fail(pgqueue.InvalidPayload(f"--payload is not JSON: {exc}"), 2) from None
-    elif prompt is not None:
+        body = _read_payload(payload)
+    else:
         body = {
             "model": model,
             "max_tokens": max_tokens,
             "messages": [{"role": "user", "content": prompt}],
         }
-    else:
-        err_console.print("give --prompt TEXT or --payload JSON")
-        raise typer.Exit(2)
     settings = _settings()
-    target = _dsn(settings, dsn)
-    try:
-        with psycopg.connect(target) as conn:
-            job_id = pgqueue.enqueue(
-                conn,
-                tenant_id=tenant,
-                origin=origin,
-                payload=body,
-                sla_seconds=sla_seconds,
-                kind=kind,
-                settings=settings,
-            )
-    except pgqueue.UsageError as exc:
-        raise _fail(exc, 2) from None
+    with psycopg.connect(_dsn(settings, dsn)) as conn:
+        job_id = pgqueue.enqueue(
+            conn,
+            tenant_id=tenant,
+            origin=origin,
+            payload=body,
+            sla_seconds=sla_seconds,
+            kind=kind,
+            settings=settings,
+        )
     console.print(job_id)
 
 
 @app.command()
+@cli_errors
 def status(
     dsn: DsnOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Queue depth by tier and state, oldest queued age, top tenants."""
+    """Queue depth by tier and state, oldest queued age, top tenants, demotions, 429s."""
     from pgqueue.observability.report import collect_status, render_status
 
-    settings = _settings()
-    target = _dsn(settings, dsn)
-    with psycopg.connect(target, autocommit=True) as conn:
+    with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
         data = collect_status(conn)
     if as_json:
         sys.stdout.write(json.dumps(data, default=str) + "\n")
@@ -181,12 +251,15 @@ def status(
 
 
 @tenants_app.command("list")
-def tenants_list(dsn: DsnOption = None, limit: int = 100) -> None:
+@cli_errors
+def tenants_list(
+    dsn: DsnOption = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many tenants.")] = 100,
+) -> None:
     """List tenants with plan, quantum, budget, queued jobs and demotion."""
     from pgqueue.db import queries
 
-    settings = _settings()
-    with psycopg.connect(_dsn(settings, dsn), autocommit=True) as conn:
+    with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
         rows = queries.run(conn, "tenant_list", {"limit": limit})
     table = Table(title="Tenants")
     for col in ("tenant", "plan", "quantum", "daily budget", "queued", "demoted"):
@@ -204,26 +277,28 @@ def tenants_list(dsn: DsnOption = None, limit: int = 100) -> None:
 
 
 @tenants_app.command("set")
+@cli_errors
 def tenants_set(
     tenant: str,
     plan: Annotated[str | None, typer.Option(help="Plan name, e.g. free or pro.")] = None,
     quantum: Annotated[
-        float | None, typer.Option(min=0.001, help="DRR quantum, cost units.")
+        float | None, typer.Option(min=0.001, max=1e9, help="DRR quantum, cost units.")
     ] = None,
     daily_budget: Annotated[
-        int | None, typer.Option(min=0, help="Daily input-token budget.")
+        int | None, typer.Option(min=0, max=2**62, help="Daily input-token budget.")
     ] = None,
     dsn: DsnOption = None,
 ) -> None:
     """Create or update a tenant."""
     from pgqueue.db import queries
+    from pgqueue.errors import InvalidArgument, InvalidTenant
     from pgqueue.validation import MAX_TENANT_ID_CHARS
 
     if not tenant or len(tenant) > MAX_TENANT_ID_CHARS or "\x00" in tenant:
-        err_console.print(f"tenant id must be 1 to {MAX_TENANT_ID_CHARS} characters")
-        raise typer.Exit(2)
-    settings = _settings()
-    with psycopg.connect(_dsn(settings, dsn), autocommit=True) as conn:
+        raise InvalidTenant(f"tenant id must be 1 to {MAX_TENANT_ID_CHARS} characters")
+    if plan is not None and not _PLAN.match(plan):
+        raise InvalidArgument("plan must be 1 to 32 letters, digits, '_', '.' or '-'")
+    with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
         row = queries.run(
             conn,
             "tenant_upsert",
@@ -238,6 +313,7 @@ def tenants_set(
 
 
 @app.command()
+@cli_errors
 def retry(
     tenant: Annotated[str | None, typer.Option(help="Only this tenant.")] = None,
     tier: Annotated[str | None, typer.Option(help="critical | standard | batch")] = None,
@@ -248,37 +324,44 @@ def retry(
         datetime | None, typer.Option(help="Failed at or after (ISO 8601, UTC if no zone).")
     ] = None,
     until: Annotated[datetime | None, typer.Option(help="Failed before (ISO 8601).")] = None,
+    all_failed: Annotated[
+        bool, typer.Option("--all", help="Re-queue every failed job (no filter).")
+    ] = False,
     dsn: DsnOption = None,
 ) -> None:
     """Re-queue failed jobs in bulk, with fresh attempt counters."""
     from pgqueue.admin import requeue_failed
+    from pgqueue.errors import InvalidArgument
 
-    settings = _settings()
+    if not all_failed and all(v is None for v in (tenant, tier, reason, since, until)):
+        raise InvalidArgument(
+            "give a filter (--tenant, --tier, --reason, --since, --until) or --all"
+        )
     since_utc = since.replace(tzinfo=UTC) if since and since.tzinfo is None else since
     until_utc = until.replace(tzinfo=UTC) if until and until.tzinfo is None else until
-    try:
-        with psycopg.connect(_dsn(settings, dsn)) as conn:
-            ids = requeue_failed(
-                conn, tenant_id=tenant, tier=tier, reason=reason, since=since_utc, until=until_utc
-            )
-    except PgqueueError as exc:
-        raise _fail(exc, 2) from None
+    with psycopg.connect(_dsn(_settings(), dsn)) as conn:
+        ids = requeue_failed(
+            conn, tenant_id=tenant, tier=tier, reason=reason, since=since_utc, until=until_utc
+        )
     console.print(f"re-queued {len(ids)} failed job(s)")
 
 
 @app.command()
+@cli_errors
 def sandbox(
     host: str = "127.0.0.1",
-    port: int = 8765,
-    rpm: Annotated[int, typer.Option(help="Requests per minute.")] = 50,
-    itpm: Annotated[int, typer.Option(help="Input tokens per minute.")] = 40_000,
-    otpm: Annotated[int, typer.Option(help="Output tokens per minute.")] = 8_000,
-    overload_rate: Annotated[float, typer.Option(help="Share of requests answered 529.")] = 0.0,
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8765,
+    rpm: Annotated[int, typer.Option(min=1, help="Requests per minute.")] = 50,
+    itpm: Annotated[int, typer.Option(min=1, help="Input tokens per minute.")] = 40_000,
+    otpm: Annotated[int, typer.Option(min=1, help="Output tokens per minute.")] = 8_000,
+    overload_rate: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of requests answered 529.")
+    ] = 0.0,
     seconds_per_output_token: Annotated[
-        float, typer.Option(help="Simulated generation time.")
+        float, typer.Option(min=0.0, help="Simulated generation time.")
     ] = 0.0,
     fail_first_n: Annotated[
-        int, typer.Option(help="Answer the first N requests with --fail-status.")
+        int, typer.Option(min=0, help="Answer the first N requests with --fail-status.")
     ] = 0,
     fail_status: int = 429,
     fail_retry_after: Annotated[
@@ -287,6 +370,7 @@ def sandbox(
     seed: int = 0,
 ) -> None:
     """Run the local Messages-API-compatible server (set ANTHROPIC_BASE_URL to it)."""
+    from pgqueue.errors import InvalidArgument
     from pgqueue.sandbox import SandboxConfig, serve
 
     try:
@@ -302,7 +386,7 @@ def sandbox(
             seed=seed,
         )
     except ValueError as exc:
-        raise _fail(exc, 2) from None
+        raise InvalidArgument(str(exc)) from None
     err_console.print(
         f"sandbox on http://{host}:{port} — export ANTHROPIC_BASE_URL=http://{host}:{port}"
     )
@@ -310,13 +394,14 @@ def sandbox(
 
 
 @app.command()
+@cli_errors
 def replay(
     trace: Annotated[
         Path | None, typer.Argument(help="CSV trace; default: the bundled Azure trace.")
     ] = None,
-    limit: Annotated[int | None, typer.Option(help="Replay the first N requests.")] = 1000,
+    limit: Annotated[int | None, typer.Option(min=1, help="Replay the first N requests.")] = 1000,
     speedup: Annotated[float, typer.Option(help="Replay this many times faster.")] = 1.0,
-    tenants: Annotated[int, typer.Option(help="Number of tenants (t00 is the runaway).")] = 8,
+    tenants: Annotated[int, typer.Option(min=1, help="Tenants (t00 is the runaway).")] = 8,
     seed: int = 0,
     dsn: DsnOption = None,
 ) -> None:
@@ -325,16 +410,23 @@ def replay(
     from pgqueue.trace import load_trace, plan_replay, summarize_plan
 
     settings = _settings()
+    plan = plan_replay(load_trace(trace, limit=limit), tenants=tenants, speedup=speedup, seed=seed)
     target = _dsn(settings, dsn)
-    try:
-        plan = plan_replay(
-            load_trace(trace, limit=limit), tenants=tenants, speedup=speedup, seed=seed
-        )
-    except PgqueueError as exc:
-        raise _fail(exc, 2) from None
-    console.print(f"replaying {len(plan)} requests over {plan[-1].at_seconds if plan else 0:.1f} s")
+    span = plan[-1].at_seconds if plan else 0.0
+    console.print(f"replaying {len(plan)} requests over {span:.1f} s")
     stats = asyncio.run(replay_plan(target, plan, settings))
-    console.print(summarize_plan(plan))
+    summary = summarize_plan(plan)
+    table = Table(title="Replayed per tenant")
+    for col in ("tenant", "jobs", "input tokens", "output tokens"):
+        table.add_column(col, justify="left" if col == "tenant" else "right")
+    for tenant_id, row in sorted(summary.get("tenants", {}).items()):
+        table.add_row(
+            tenant_id,
+            str(row.get("jobs", "")),
+            f"{row.get('input_tokens', 0):,}",
+            f"{row.get('output_tokens', 0):,}",
+        )
+    console.print(table)
     console.print(
         f"enqueued {stats.jobs} jobs in {stats.batches} round trips over "
         f"{stats.elapsed_seconds:.1f} s (worst lag {stats.max_lag_seconds * 1000:.0f} ms)"
@@ -342,14 +434,19 @@ def replay(
 
 
 @app.command()
+@cli_errors
 def demo(
     requests: Annotated[int, typer.Option(min=1, help="Requests from the trace.")] = 400,
-    speedup: Annotated[float, typer.Option(help="Replay speed-up.")] = 10.0,
+    speedup: Annotated[float, typer.Option(min=0.01, help="Replay speed-up.")] = 10.0,
     concurrency: Annotated[int, typer.Option(min=1)] = 16,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     dsn: DsnOption = None,
 ) -> None:
-    """Embedded Postgres + sandbox API + a slice of a real trace + workers, then a summary."""
+    """Embedded Postgres + sandbox API + a slice of a real trace + workers, then a summary.
+
+    The demo works in its own database (``pgqueue_demo``, recreated on each run) on the same
+    server, so it never touches your queue.
+    """
     from pgqueue.demo import DemoOptions, run_demo
     from pgqueue.observability.report import render_run_report
 
@@ -360,9 +457,8 @@ def demo(
             f"demo: replaying {requests} requests of the Azure LLM trace 2023 (CC-BY 4.0) "
             f"at {speedup}× against the local sandbox..."
         )
-    report = run_demo(
-        target, settings, DemoOptions(requests=requests, speedup=speedup, concurrency=concurrency)
-    )
+    options = DemoOptions(requests=requests, speedup=speedup, concurrency=concurrency)
+    report = run_demo(target, settings, options)
     if as_json:
         sys.stdout.write(json.dumps(report, default=str) + "\n")
     else:

@@ -68,14 +68,37 @@ async def _run(dsn: str, settings: Settings, options: DemoOptions, since: dateti
     return stats
 
 
-def run_demo(dsn: str, settings: Settings, options: DemoOptions | None = None) -> dict[str, Any]:
-    """Migrate, start the sandbox, replay, work, and return the run report (a dict).
+#: The demo's own database, recreated on every run next to the user's.
+DEMO_DATABASE = "pgqueue_demo"
+
+
+def demo_database(dsn: str) -> str:
+    """Drop and recreate :data:`DEMO_DATABASE` on the server of ``dsn``; return its DSN.
+
+    The demo never touches the user's own queue. Raises ``psycopg.Error`` when the role may
+    not create databases.
+    """
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        name = sql.Identifier(DEMO_DATABASE)
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
+    return make_conninfo(dsn, dbname=DEMO_DATABASE)
+
+
+def run_demo(
+    server_dsn: str, settings: Settings, options: DemoOptions | None = None
+) -> dict[str, Any]:
+    """Create the demo database, migrate, start the sandbox, replay, work; return the report.
 
     Raises:
         psycopg.Error: the database failed; EmbeddedPostgresError is raised earlier by the
             caller resolving the DSN.
     """
     opts = options or DemoOptions()
+    dsn = demo_database(server_dsn)
     migrate.upgrade(dsn)
     scale = opts.rate_scale
     sandbox = SandboxConfig(

@@ -120,6 +120,16 @@ class RateLimited(HandlerControl):
         self.status_code = status_code
 
 
+class Defer(HandlerControl):
+    """This worker cannot run the job now (e.g. no API key): return it to the queue after
+    ``delay_seconds`` without using an attempt."""
+
+    def __init__(self, reason: str, delay_seconds: float = 60.0) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.delay_seconds = delay_seconds
+
+
 class Discard(HandlerControl):
     """Fail the job now, without further retries (a permanent error such as a 400)."""
 

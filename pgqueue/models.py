@@ -105,7 +105,16 @@ class Interrupted:
     reason: str = "worker shutdown"
 
 
-Outcome = Succeeded | Failed | Throttled | Interrupted
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """This worker cannot run the job now (no API key, no handler for its kind): back to the
+    queue after ``delay_seconds``, attempt not counted, so a misconfigured worker loses nothing."""
+
+    reason: str
+    delay_seconds: float = 60.0
+
+
+Outcome = Succeeded | Failed | Throttled | Interrupted | Deferred
 
 
 @dataclass(slots=True)

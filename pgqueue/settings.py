@@ -53,7 +53,9 @@ class Settings(BaseSettings):
     retry_after_jitter: float = Field(default=0.2, ge=0, lt=1)
     default_retry_after_seconds: float = Field(default=1.0, gt=0)
     max_throttle_retries: int = Field(default=4, ge=0)
-    backoff_base_seconds: float = Field(default=1.0, gt=0)
+    backoff_base_seconds: float = Field(
+        default=5.0, gt=0, description="First retry delay ceiling; doubles per attempt."
+    )
     backoff_cap_seconds: float = Field(default=300.0, gt=0)
 
     # --- provider

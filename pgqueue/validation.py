@@ -82,32 +82,28 @@ def check_sla(sla_seconds: object) -> float | None:
     return value
 
 
-def encode_payload(payload: object, max_payload_bytes: int) -> str:
-    """Encode ``payload`` as JSON text the way Postgres prints jsonb, and check its size.
+def encode_payload(payload: object) -> str:
+    """Encode ``payload`` as JSON text the way Postgres prints jsonb.
 
     Raises:
-        InvalidPayload: not a JSON object, not serialisable, or holds NaN/Infinity.
+        InvalidPayload: not serialisable, or holds NaN/Infinity or a lone surrogate.
         NulCharacter: a string (or key) holds U+0000, which jsonb cannot store.
-        PayloadTooLarge: the encoded text is over ``max_payload_bytes`` (UTF-8 bytes).
     """
-    if not isinstance(payload, Mapping):
-        raise InvalidPayload(
-            f"payload must be a JSON object (a mapping), got {type(payload).__name__}"
-        )
     try:
         text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(", ", ": "))
-    except (TypeError, ValueError) as exc:
+        text.encode("utf-8")
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
         raise InvalidPayload(f"payload is not valid JSON: {exc}") from None
     if _NUL_ESCAPE.search(text):
         raise NulCharacter("payload contains a NUL character (U+0000), which Postgres cannot store")
-    size = len(text.encode("utf-8", errors="surrogatepass"))
+    return text
+
+
+def check_payload_size(text: str, max_payload_bytes: int) -> None:
+    """Raises :class:`PayloadTooLarge` when ``text`` is over ``max_payload_bytes`` UTF-8 bytes."""
+    size = len(text.encode("utf-8"))
     if size > max_payload_bytes:
         raise PayloadTooLarge(f"payload is {size} bytes, over the cap of {max_payload_bytes} bytes")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidPayload("payload holds a lone surrogate, which is not valid UTF-8") from None
-    return text
 
 
 def check_messages_payload(payload: Mapping[str, Any]) -> None:
@@ -144,7 +140,13 @@ def check_job(
     run_at: object = None,
     max_payload_bytes: int = 1_048_576,
 ) -> CheckedJob:
-    """Validate one job's arguments; raise the first typed :class:`UsageError` found."""
+    """Validate one job's arguments; raise the first typed :class:`UsageError` found.
+
+    The checks run in the order the SQL function ``pgqueue.validate_job`` applies them (a NUL
+    in the payload first: the database rejects it while reading the parameter), so both
+    entry points report the same error for the same input.
+    """
+    text = encode_payload(payload)
     tid = _check_text(tenant_id, "tenant_id", MAX_TENANT_ID_CHARS, InvalidTenant)
     parsed_origin = check_origin(origin)
     sla = check_sla(sla_seconds)
@@ -155,10 +157,13 @@ def check_job(
         or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT
     ):
         raise InvalidArgument(f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}")
-    if run_at is not None and not (isinstance(run_at, datetime) and run_at.tzinfo is not None):
-        raise InvalidArgument("run_at must be a timezone-aware datetime or None")
-    text = encode_payload(payload, max_payload_bytes)
-    assert isinstance(payload, Mapping)
+    if not isinstance(payload, Mapping):
+        raise InvalidPayload(
+            f"payload must be a JSON object (a mapping), got {type(payload).__name__}"
+        )
+    check_payload_size(text, max_payload_bytes)
     if kind_text == DEFAULT_KIND:
         check_messages_payload(payload)
+    if run_at is not None and not (isinstance(run_at, datetime) and run_at.tzinfo is not None):
+        raise InvalidArgument("run_at must be a timezone-aware datetime or None")
     return CheckedJob(tid, parsed_origin, payload, text, sla, kind_text, max_attempts, run_at)

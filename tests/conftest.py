@@ -15,10 +15,16 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hypothesis import settings
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from pgqueue.db import migrate
+
+# Property tests are deterministic and keep no example database: a red run is reproducible,
+# and a CI run never fails on an example saved by an earlier run.
+settings.register_profile("pgqueue", database=None, derandomize=True, deadline=None)
+settings.load_profile("pgqueue")
 
 _LOCK_KEY = 0x70717465_7374  # serialises template creation across xdist workers
 _MIGRATIONS = Path(migrate.__file__).resolve().parents[1] / "migrations" / "versions"

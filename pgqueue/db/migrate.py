@@ -28,12 +28,31 @@ def head_revision() -> str:
     return head
 
 
+def known_revisions() -> set[str]:
+    """Every revision this version of pgqueue ships."""
+    script = ScriptDirectory.from_config(alembic_config(""))
+    return {rev.revision for rev in script.walk_revisions()}
+
+
+def _newer_than_installed(current: str) -> SchemaOutOfDate:
+    return SchemaOutOfDate(
+        f"the database schema is at revision {current}, newer than this pgqueue knows "
+        f"(its newest is {head_revision()}); upgrade the pgqueue package, do not downgrade "
+        "the database"
+    )
+
+
 def upgrade(dsn: str, revision: str = "head") -> None:
     """Bring the ``pgqueue`` schema to ``revision``; safe to run from many processes at once.
 
     Raises:
+        SchemaOutOfDate: the database is at a revision newer than this pgqueue.
         psycopg.Error: the database refused a statement (the transaction is rolled back).
     """
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        current = current_revision(conn)
+    if current is not None and current not in known_revisions():
+        raise _newer_than_installed(current)
     command.upgrade(alembic_config(dsn), revision)
 
 
@@ -63,6 +82,8 @@ def check_schema(conn: psycopg.Connection[Any]) -> str:
         raise SchemaOutOfDate(
             "the pgqueue schema is not installed in this database; run `pgqueue migrate` first"
         )
+    if current not in known_revisions():
+        raise _newer_than_installed(current)
     if current != head:
         raise SchemaOutOfDate(
             f"the pgqueue schema is at revision {current} but this pgqueue needs {head}; "

@@ -16,7 +16,7 @@ from typing import Any
 
 import anthropic
 
-from pgqueue.errors import Discard, RateLimited, RetryLater
+from pgqueue.errors import Defer, Discard, RateLimited, RetryLater
 from pgqueue.models import HandlerResult, Job
 from pgqueue.scheduling.backpressure import parse_retry_after
 from pgqueue.settings import Settings
@@ -51,12 +51,20 @@ class AnthropicMessagesHandler:
         self._settings = settings
         self._client: anthropic.AsyncAnthropic | None = None
 
+    def has_api_key(self) -> bool:
+        """Whether an API key is configured (the key itself is never returned or logged)."""
+        try:
+            return bool(_api_key(self._settings))
+        except OSError:
+            return False
+
     def _get_client(self) -> anthropic.AsyncAnthropic:
         if self._client is None:
             key = _api_key(self._settings)
             if not key:
-                raise RetryLater(
-                    "no Anthropic API key: set ANTHROPIC_API_KEY or PGQUEUE_ANTHROPIC_API_KEY_FILE"
+                raise Defer(
+                    "no Anthropic API key on this worker: set ANTHROPIC_API_KEY or "
+                    "PGQUEUE_ANTHROPIC_API_KEY_FILE"
                 )
             self._client = anthropic.AsyncAnthropic(
                 api_key=key,
@@ -73,6 +81,7 @@ class AnthropicMessagesHandler:
             The message as JSON, with ``usage.input_tokens`` / ``usage.output_tokens``.
 
         Raises:
+            Defer: no API key is configured on this worker (the job loses no attempt).
             RateLimited: 429 or 529, carrying the parsed ``retry-after`` (seconds) or None.
             RetryLater: 408, 409, 5xx, timeouts and connection errors.
             Discard: any other 4xx, or parameters the SDK rejects.

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pgqueue.db import queries
+from pgqueue.models import Tier
 
 
 def _num(value: Any) -> Any:
@@ -29,8 +30,11 @@ def collect_status(conn: psycopg.Connection[Any], *, top: int = 10) -> dict[str,
     tenants = queries.run(conn, "report_top_tenants", {"since": None, "limit": top})
     demotions = queries.run(conn, "report_demotions")
     throttles = queries.run(conn, "report_throttles_by_tenant", {"window_seconds": 60})
+    by_tier: dict[str, dict[str, int]] = {tier.value: {"queued": 0, "running": 0} for tier in Tier}
+    for r in depth:
+        by_tier[r["tier"]][r["state"]] = int(r["jobs"])
     return {
-        "depth": [{**r, "jobs": int(r["jobs"])} for r in depth],
+        "depth": by_tier,
         "oldest_queued_seconds": {r["tier"]: _num(r["oldest_seconds"]) for r in oldest},
         "top_tenants": [{k: _num(v) for k, v in r.items()} for r in tenants],
         "demotions": [{k: _num(v) for k, v in r.items()} for r in demotions],
@@ -106,11 +110,7 @@ def render_status(status: dict[str, Any], console: Console) -> None:
     depth = Table(title="Queue depth")
     for col in ("tier", "queued", "running", "oldest queued s"):
         depth.add_column(col, justify="right" if col != "tier" else "left")
-    by_tier: dict[str, dict[str, int]] = {}
-    for r in status["depth"]:
-        by_tier.setdefault(r["tier"], {})[r["state"]] = r["jobs"]
-    for tier in ("critical", "standard", "batch"):
-        counts = by_tier.get(tier, {})
+    for tier, counts in status["depth"].items():
         depth.add_row(
             tier,
             str(counts.get("queued", 0)),

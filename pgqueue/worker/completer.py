@@ -22,7 +22,7 @@ from tenacity import (
 )
 
 from pgqueue.db import queries
-from pgqueue.models import Failed, Interrupted, Job, Outcome, Succeeded, Throttled
+from pgqueue.models import Deferred, Failed, Interrupted, Job, Outcome, Succeeded, Throttled
 from pgqueue.settings import Settings
 
 log = logging.getLogger("pgqueue.worker")
@@ -112,6 +112,8 @@ class Completer:
                     None,
                 )
             case Interrupted(reason=reason):
-                return ("job_interrupt", {**key, "error": reason}, "queued")
+                return ("job_interrupt", {**key, "error": reason, "delay_seconds": 0.0}, "queued")
+            case Deferred(reason=reason, delay_seconds=delay):
+                return ("job_interrupt", {**key, "error": reason, "delay_seconds": delay}, "queued")
             case _:
                 assert_never(outcome)

@@ -1,8 +1,8 @@
 """Runs one claimed job through its handler and turns whatever happens into one Outcome.
 
 Only the executor catches handler exceptions. Every path ends in Succeeded, Failed (retry at a
-delay, or permanent), or Throttled; cancellation propagates to the runtime, which records
-Interrupted.
+delay, or permanent), Throttled, or Deferred (this worker cannot run it; no attempt used).
+Cancellation propagates to the runtime, which records Interrupted.
 """
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ import inspect
 import random
 from typing import Any
 
-from pgqueue.errors import Discard, InvalidKind, RateLimited, RetryLater
+from pgqueue.errors import Defer, Discard, InvalidKind, RateLimited, RetryLater
 from pgqueue.handlers.registry import Handler, Registry
-from pgqueue.models import Failed, HandlerResult, Job, Outcome, Succeeded, Throttled
+from pgqueue.models import Deferred, Failed, HandlerResult, Job, Outcome, Succeeded, Throttled
 from pgqueue.scheduling.backpressure import backoff_seconds, throttle_wait_seconds
 from pgqueue.settings import Settings
 
 _MAX_ERROR_CHARS = 2000
+#: A job of a kind this worker has no handler for goes back for another worker (seconds).
+UNHANDLED_KIND_DELAY_SECONDS = 60.0
 
 
 def _is_async_callable(fn: object) -> bool:
@@ -58,7 +60,7 @@ async def execute(job: Job, registry: Registry, settings: Settings, rng: random.
     try:
         handler = registry.get(job.kind)
     except InvalidKind as exc:
-        return Failed(f"{exc} on this worker", _backoff(job, settings, rng))
+        return Deferred(f"{exc} on this worker", UNHANDLED_KIND_DELAY_SECONDS)
     try:
         returned = await asyncio.wait_for(_call(handler, job), settings.provider_timeout_seconds)
     except RateLimited as exc:
@@ -75,6 +77,8 @@ async def execute(job: Job, registry: Registry, settings: Settings, rng: random.
     except RetryLater as exc:
         delay = exc.delay_seconds if exc.delay_seconds is not None else _backoff(job, settings, rng)
         return Failed(exc.reason[:_MAX_ERROR_CHARS], max(delay, 0.0))
+    except Defer as exc:
+        return Deferred(exc.reason[:_MAX_ERROR_CHARS], max(exc.delay_seconds, 0.0))
     except Discard as exc:
         return Failed(exc.reason[:_MAX_ERROR_CHARS], 0.0, permanent=True)
     except TimeoutError:

@@ -51,8 +51,11 @@ def test_schema_check_names_the_command(empty_db_dsn, db_dsn):
     ):
         migrate.check_schema(conn)
     with psycopg.connect(db_dsn, autocommit=True) as conn:
-        conn.execute("UPDATE pgqueue.alembic_version SET version_num = '0000'")
+        conn.execute("UPDATE pgqueue.alembic_version SET version_num = '0001'")
         with pytest.raises(SchemaOutOfDate, match="run `pgqueue migrate`"):
+            migrate.check_schema(conn)
+        conn.execute("UPDATE pgqueue.alembic_version SET version_num = 'ffff'")
+        with pytest.raises(SchemaOutOfDate, match="newer than this pgqueue"):
             migrate.check_schema(conn)
 
 

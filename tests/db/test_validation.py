@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
@@ -203,6 +203,8 @@ def _sql_outcome(conn, tenant, origin, payload, sla, kind):
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(tenant=tenants, origin=origins, payload=payloads, sla=slas, kind=kinds)
+@example(tenant="a", origin="urgent", payload={"x": "\x00"}, sla=None, kind="custom")
+@example(tenant="", origin="urgent", payload={"model": "\x00"}, sla=-1.0, kind="")
 def test_python_and_sql_validation_agree(conn, tenant, origin, payload, sla, kind):
     py = _python_outcome(tenant, origin, payload, sla, kind)
     sql = _sql_outcome(conn, tenant, origin, payload, sla, kind)

@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import SecretStr
 
-from pgqueue.errors import Discard, RateLimited, RetryLater
+from pgqueue.errors import Defer, Discard, RateLimited, RetryLater
 from pgqueue.handlers.anthropic import AnthropicMessagesHandler
-from pgqueue.models import Failed, HandlerResult, Job, Succeeded, Throttled, Tier
+from pgqueue.models import Deferred, HandlerResult, Job, Succeeded, Throttled, Tier
 from pgqueue.sandbox import SandboxConfig, running_sandbox
 from pgqueue.settings import Settings
 from pgqueue.worker.executor import execute
@@ -134,11 +134,16 @@ async def test_bad_parameters_are_discarded():
             await handler.aclose()
 
 
-async def test_missing_key_is_retried_not_crashed(monkeypatch):
+async def test_missing_key_defers_without_using_an_attempt(monkeypatch):
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-    handler = AnthropicMessagesHandler(Settings(anthropic_base_url="http://127.0.0.1:9"))
-    with pytest.raises(RetryLater, match="API key"):
+    settings = Settings(anthropic_base_url="http://127.0.0.1:9")
+    handler = AnthropicMessagesHandler(settings)
+    assert not handler.has_api_key()
+    with pytest.raises(Defer, match="API key"):
         await handler(make_job())
+    registry = builtin_registry(settings)
+    outcome = await execute(make_job(), registry, settings, random.Random(0))
+    assert isinstance(outcome, Deferred) and outcome.delay_seconds > 0
 
 
 async def test_executor_maps_outcomes_through_the_sandbox():
@@ -155,4 +160,4 @@ async def test_executor_maps_outcomes_through_the_sandbox():
     assert throttled.retry_after_seconds == 1.0
     assert 1.0 * 1.2 * 0.8 <= throttled.wait_seconds <= 1.0 * 1.2 * 1.2
     assert isinstance(ok, Succeeded) and ok.output_tokens == 12
-    assert isinstance(unknown, Failed) and not unknown.permanent
+    assert isinstance(unknown, Deferred)

@@ -10,7 +10,7 @@ import pytest
 
 from pgqueue import Registry
 from pgqueue.errors import Discard, RateLimited, RetryLater
-from pgqueue.models import Failed, HandlerResult, Job, Succeeded, Throttled, Tier
+from pgqueue.models import Deferred, Failed, HandlerResult, Job, Succeeded, Throttled, Tier
 from pgqueue.settings import Settings
 from pgqueue.worker.executor import execute
 
@@ -91,7 +91,7 @@ SETTINGS = Settings(provider_timeout_seconds=0.2, lease_seconds=1, heartbeat_sec
         ("raise.discard", lambda o: isinstance(o, Failed) and o.permanent),
         ("raise.ratelimited", lambda o: isinstance(o, Throttled) and 9.6 <= o.wait_seconds <= 14.4),
         ("slow", lambda o: isinstance(o, Failed) and "timed out" in o.error),
-        ("unregistered", lambda o: isinstance(o, Failed) and not o.permanent),
+        ("unregistered", lambda o: isinstance(o, Deferred) and o.delay_seconds > 0),
     ],
 )
 async def test_outcome(kind, check):

@@ -176,7 +176,8 @@ def test_stale_throttle_is_fenced_and_records_no_event(auto: Conn) -> None:
 
 def test_stale_interrupt_and_heartbeat_are_fenced(auto: Conn) -> None:
     old, new = _rescued_and_reclaimed(auto)
-    assert queries.run(auto, "job_interrupt", {**_key(old), "error": "stale stop"}) == 0
+    stale = {**_key(old), "error": "stale stop", "delay_seconds": 0.0}
+    assert queries.run(auto, "job_interrupt", stale) == 0
     heartbeat = {
         "ids": [old["id"]],
         "tenant_ids": [old["tenant_id"]],
@@ -209,3 +210,30 @@ def test_rescue_skips_live_leases_and_fails_spent_jobs(auto: Conn) -> None:
     assert row["finished_at"] is not None
     assert row["last_error"] == "lease expired (worker lost)"
     assert _row(auto, live)["state"] == "running"
+
+
+def test_deferred_job_returns_later_without_using_an_attempt(db_dsn: str) -> None:
+    """A worker without an API key (or a handler for the kind) gives the job back unharmed."""
+    with psycopg.connect(db_dsn, autocommit=True) as auto:
+        job_id = pgqueue.enqueue(
+            auto,
+            tenant_id="t",
+            origin="user_action",
+            payload={"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]},
+        )
+        [claimed] = queries.run(
+            auto, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 60}
+        )
+        params = {
+            "id": job_id,
+            "tenant_id": "t",
+            "lease_token": claimed["lease_token"],
+            "error": "no API key",
+            "delay_seconds": 60.0,
+        }
+        assert queries.run(auto, "job_interrupt", params) == 1
+        state, attempts, delay = auto.execute(
+            "SELECT state::text, attempts, extract(epoch FROM run_at - now()) FROM pgqueue.jobs"
+        ).fetchone()
+    assert (state, attempts) == ("queued", 0)
+    assert 55 < float(delay) <= 60

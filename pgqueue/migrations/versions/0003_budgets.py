@@ -25,6 +25,8 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute(
         """
+        ALTER TABLE pgqueue.tenants DROP CONSTRAINT IF EXISTS tenants_quantum_finite,
+            DROP CONSTRAINT IF EXISTS tenants_plan_name;
         DROP INDEX IF EXISTS pgqueue.demotions_expiry_idx;
         DROP TRIGGER IF EXISTS jobs_charge_usage ON pgqueue.jobs;
         DROP TRIGGER IF EXISTS throttle_events_demote ON pgqueue.throttle_events;

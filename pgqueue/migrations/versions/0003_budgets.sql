@@ -131,3 +131,8 @@ CREATE TRIGGER jobs_charge_usage
     EXECUTE FUNCTION pgqueue.job_charge_usage();
 
 CREATE INDEX demotions_expiry_idx ON pgqueue.demotions (expires_at);
+
+-- Tenant settings stay sane whoever writes them: a finite quantum, a plain plan name.
+ALTER TABLE pgqueue.tenants
+    ADD CONSTRAINT tenants_quantum_finite CHECK (quantum < 'Infinity'::double precision),
+    ADD CONSTRAINT tenants_plan_name CHECK (plan ~ '^[A-Za-z0-9_.-]{1,32}$');

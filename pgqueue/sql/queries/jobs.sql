@@ -67,12 +67,13 @@ WITH moved AS (
 SELECT state::text AS state FROM moved
 
 -- name: job_interrupt :execrows
--- Fenced. The worker stopped before the job finished: back to the queue at once, the attempt
--- not counted.
+-- Fenced. The worker stopped before the job finished (shutdown), or cannot run it (no API
+-- key, no handler for its kind): back to the queue after delay_seconds, the attempt not
+-- counted.
 UPDATE pgqueue.jobs
 SET state = 'queued',
     attempts = greatest(attempts - 1, 0),
-    run_at = now(),
+    run_at = now() + make_interval(secs => %(delay_seconds)s),
     last_error = %(error)s,
     worker_id = NULL,
     lease_token = NULL,
