@@ -164,6 +164,10 @@ def work(
     listen: Annotated[
         bool, typer.Option(help="Use LISTEN/NOTIFY; --no-listen polls only (PgBouncer).")
     ] = True,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(min=1, max=65535, help="Serve this worker's pgqueue_* metrics here."),
+    ] = None,
 ) -> None:
     """Run a worker: claim jobs fairly, call the provider, record outcomes."""
     from pgqueue.handlers.registry import Registry, load_app
@@ -172,6 +176,12 @@ def work(
     settings = _settings(poll_interval_seconds=poll_interval)
     target = _dsn(settings, dsn)
     registry = load_app(app_spec) if app_spec else Registry()
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        from pgqueue.observability.metrics import WORKER_REGISTRY
+
+        start_http_server(metrics_port, registry=WORKER_REGISTRY)
     worker = Worker(target, settings, registry, concurrency=concurrency, burst=burst, listen=listen)
     stats = asyncio.run(worker.run())
     done = ", ".join(f"{k} {v}" for k, v in sorted(stats.outcomes.items())) or "nothing"
@@ -186,6 +196,39 @@ def _read_payload(payload: str) -> Any:
         return json.loads(raw)
     except json.JSONDecodeError as exc:
         raise pgqueue.InvalidPayload(f"--payload is not JSON: {exc}") from None
+
+
+@app.command()
+@cli_errors
+def metrics(
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port of /metrics.")] = 9464,
+    host: str = "0.0.0.0",
+    refresh_seconds: Annotated[
+        float, typer.Option(min=0.0, help="Read the database at most this often.")
+    ] = 30.0,
+    top_tenants: Annotated[
+        int, typer.Option(min=1, help="Per-tenant labels kept; the rest is 'other'.")
+    ] = 20,
+    dsn: DsnOption = None,
+) -> None:
+    """Serve the database-wide claude_* metrics (run ONE per database; workers add their own)."""
+    import signal
+    import threading
+
+    from prometheus_client import start_http_server
+
+    from pgqueue.observability.metrics import database_registry
+
+    registry = database_registry(
+        _dsn(_settings(), dsn), refresh_seconds=refresh_seconds, top_tenants=top_tenants
+    )
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    err_console.print(f"metrics on http://{host}:{port}/metrics")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.shutdown()
 
 
 @app.command()
@@ -238,16 +281,42 @@ def enqueue(
 def status(
     dsn: DsnOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    window: Annotated[
+        float, typer.Option(min=1.0, help="Latency and fairness window, seconds.")
+    ] = 300.0,
+    watch: Annotated[
+        float | None, typer.Option(min=0.5, help="Refresh every N seconds until Ctrl-C.")
+    ] = None,
 ) -> None:
-    """Queue depth by tier and state, oldest queued age, top tenants, demotions, 429s."""
+    """Depth per tier, p50/p99 against the SLOs, Jain's index, demotions, top tenants, 429s."""
+    import time
+
+    from rich.live import Live
+
     from pgqueue.observability.report import collect_status, render_status
 
-    with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
-        data = collect_status(conn)
+    target = _dsn(_settings(), dsn)
+
+    def snapshot() -> dict[str, Any]:
+        with psycopg.connect(target, autocommit=True) as conn:
+            return collect_status(conn, window_seconds=window)
+
     if as_json:
-        sys.stdout.write(json.dumps(data, default=str) + "\n")
-    else:
-        render_status(data, console)
+        sys.stdout.write(json.dumps(snapshot(), default=str) + "\n")
+        return
+    if watch is None:
+        render_status(snapshot(), console)
+        return
+    with Live(console=console, auto_refresh=False) as live:
+        try:
+            while True:
+                frame = Console(record=True, width=console.width)
+                with frame.capture():
+                    render_status(snapshot(), frame)
+                live.update(frame.export_text(styles=True), refresh=True)
+                time.sleep(watch)
+        except KeyboardInterrupt:
+            return
 
 
 @tenants_app.command("list")

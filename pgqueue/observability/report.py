@@ -23,13 +23,20 @@ def _num(value: Any) -> Any:
     return float(value) if isinstance(value, Decimal) else value
 
 
-def collect_status(conn: psycopg.Connection[Any], *, top: int = 10) -> dict[str, Any]:
-    """Depth per tier and state, oldest queued age per tier (seconds), top tenants."""
+def collect_status(
+    conn: psycopg.Connection[Any], *, top: int = 10, window_seconds: float = 300.0
+) -> dict[str, Any]:
+    """Depth per tier and state, oldest queued age per tier (seconds), p50/p95/p99 latency
+    per tier against the SLOs over ``window_seconds``, Jain's index, top tenants, demotions
+    and 429s in the last minute."""
     depth = queries.run(conn, "report_depth")
     oldest = queries.run(conn, "report_oldest_queued")
     tenants = queries.run(conn, "report_top_tenants", {"since": None, "limit": top})
     demotions = queries.run(conn, "report_demotions")
     throttles = queries.run(conn, "report_throttles_by_tenant", {"window_seconds": 60})
+    window = {"window_seconds": window_seconds}
+    latency = queries.run(conn, "report_latency_slo", window)
+    fairness = queries.run(conn, "report_fairness", window)
     by_tier: dict[str, dict[str, int]] = {tier.value: {"queued": 0, "running": 0} for tier in Tier}
     for r in depth:
         by_tier[r["tier"]][r["state"]] = int(r["jobs"])
@@ -39,6 +46,16 @@ def collect_status(conn: psycopg.Connection[Any], *, top: int = 10) -> dict[str,
         "top_tenants": [{k: _num(v) for k, v in r.items()} for r in tenants],
         "demotions": [{k: _num(v) for k, v in r.items()} for r in demotions],
         "throttles_last_minute": {r["tenant_id"]: int(r["throttles"]) for r in throttles},
+        "window_seconds": window_seconds,
+        "latency": {r["tier"]: {k: _num(v) for k, v in r.items() if k != "tier"} for r in latency},
+        "fairness": {
+            (r["tier"] or "all"): {
+                "tenants": int(r["tenants"]),
+                "jain_weighted": _num(r["jain_weighted"]),
+                "jain_unweighted": _num(r["jain_unweighted"]),
+            }
+            for r in fairness
+        },
     }
 
 
@@ -93,6 +110,33 @@ def render_run_report(report: dict[str, Any], console: Console, title: str = "Ru
     )
 
 
+def _render_latency(status: dict[str, Any], console: Console) -> None:
+    minutes = status["window_seconds"] / 60
+    table = Table(title=f"Latency, enqueue → finish, last {minutes:g} min (seconds)")
+    for col in ("tier", "finished", "p50", "p95", "p99", "SLO p99", "verdict"):
+        table.add_column(col, justify="left" if col in ("tier", "verdict") else "right")
+    for tier, r in status["latency"].items():
+        verdict = {True: "[green]meets[/green]", False: "[red]misses[/red]"}.get(
+            r["meets_slo"], "[dim]no data[/dim]"
+        )
+        table.add_row(
+            tier,
+            str(r["finished"]),
+            _fmt_seconds(r["p50_seconds"]),
+            _fmt_seconds(r["p95_seconds"]),
+            _fmt_seconds(r["p99_seconds"]),
+            _fmt_seconds(r["slo_p99_seconds"]),
+            verdict,
+        )
+    console.print(table)
+    overall = status["fairness"].get("all")
+    if overall:
+        console.print(
+            f"Jain's fairness index: {overall['jain_weighted']:.3f} (weight-normalised), "
+            f"{overall['jain_unweighted']:.3f} (raw) over {overall['tenants']} tenant(s)"
+        )
+
+
 def _render_demotions(status: dict[str, Any], console: Console) -> None:
     if not status["demotions"]:
         console.print("No tenant is demoted.")
@@ -118,6 +162,7 @@ def render_status(status: dict[str, Any], console: Console) -> None:
             _fmt_seconds(status["oldest_queued_seconds"].get(tier)),
         )
     console.print(depth)
+    _render_latency(status, console)
     tenants = Table(title="Top tenants")
     for col in ("tenant", "queued", "running", "succeeded", "failed", "input tokens"):
         tenants.add_column(col, justify="right" if col != "tenant" else "left")

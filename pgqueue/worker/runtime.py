@@ -16,6 +16,7 @@ import os
 import random
 import signal
 import socket
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -29,7 +30,8 @@ from pgqueue.db.migrate import check_schema
 from pgqueue.handlers.anthropic import KIND as ANTHROPIC_KIND
 from pgqueue.handlers.anthropic import AnthropicMessagesHandler
 from pgqueue.handlers.registry import NOOP_KIND, Registry, noop
-from pgqueue.models import Interrupted, Job, Outcome, Tier
+from pgqueue.models import Deferred, Failed, Interrupted, Job, Outcome, Throttled, Tier
+from pgqueue.observability import metrics
 from pgqueue.settings import Settings
 from pgqueue.worker.completer import Completer, transient_retry
 from pgqueue.worker.executor import execute
@@ -62,6 +64,22 @@ class WorkerStats:
     outcomes: Counter[str] = field(default_factory=Counter)
     lost_leases: int = 0
     rescued: int = 0
+
+
+def _count_outcome(outcome: Outcome, state: str | None) -> None:
+    """Count one recorded outcome, and the reason when the job went back to the queue."""
+    name = type(outcome).__name__.lower()
+    metrics.OUTCOMES.labels(name if state is not None else "lease_lost").inc()
+    if state != "queued":
+        return
+    if isinstance(outcome, Failed):
+        metrics.RETRIES.labels("error").inc()
+    elif isinstance(outcome, Throttled):
+        metrics.RETRIES.labels("throttle").inc()
+    elif isinstance(outcome, Interrupted):
+        metrics.RETRIES.labels("shutdown").inc()
+    elif isinstance(outcome, Deferred):
+        metrics.RETRIES.labels("deferred").inc()
 
 
 def _job_from_row(row: dict[str, Any]) -> Job:
@@ -172,6 +190,7 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._on_signal)
         pool_size = min(self.concurrency, 8) + 2
+        metrics.SLOTS.set(self.concurrency)
         self._pool = AsyncConnectionPool(
             self.dsn, min_size=1, max_size=pool_size, kwargs={"autocommit": True}, open=False
         )
@@ -236,15 +255,20 @@ class Worker:
             "worker_id": self.worker_id,
             "lease_seconds": self.settings.lease_seconds,
         }
+        started = time.perf_counter()
         async for attempt in transient_retry():
             with attempt:
                 async with self._pool.connection() as conn:
                     rows = await queries.arun(conn, "job_claim", params)
+        metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
+        metrics.CLAIMS.inc()
         for row in rows:
             job = _job_from_row(row)
+            metrics.JOBS_CLAIMED.labels(job.priority.value).inc()
             task = asyncio.create_task(self._run_job(job), name=f"pgqueue-job-{job.id}")
             self._inflight[job.id] = (job, task)
         self.stats.claimed += len(rows)
+        metrics.SLOTS_IN_USE.set(len(self._inflight))
         return len(rows)
 
     async def _next_due(self) -> float | None:
@@ -267,9 +291,11 @@ class Worker:
                 log.exception("job %s: could not record its outcome; the rescuer will", job.id)
                 state = None
             self.stats.outcomes[state or "lease_lost"] += 1
+            _count_outcome(outcome, state)
         finally:
             self._inflight.pop(job.id, None)
             self._lost.discard(job.id)
+            metrics.SLOTS_IN_USE.set(len(self._inflight))
             self._wake.set()
 
     async def _drain(self) -> None:
@@ -324,6 +350,7 @@ class Worker:
                 rows = []
             if rows:
                 self.stats.rescued += len(rows)
+                metrics.RESCUED.inc(len(rows))
                 log.warning("rescued %d job(s) whose lease expired", len(rows))
                 self.wake()
             await asyncio.sleep(self.settings.rescue_interval_seconds * self._rng.uniform(0.8, 1.2))

@@ -75,3 +75,14 @@ FROM pgqueue.throttle_events e
 WHERE e.occurred_at > now() - make_interval(secs => %(window_seconds)s)
 GROUP BY e.tenant_id
 ORDER BY throttles DESC, e.tenant_id
+
+-- name: report_latency_slo :many
+-- p50/p95/p99 of enqueue-to-finish latency per tier over a window, against the SLOs.
+SELECT tier::text AS tier, finished, succeeded, failed, p50_seconds, p95_seconds,
+       p99_seconds, slo_p99_seconds, meets_slo
+FROM pgqueue.latency_slo_in(make_interval(secs => %(window_seconds)s))
+
+-- name: report_fairness :many
+SELECT tier::text AS tier, tenants, jain_weighted, jain_unweighted
+FROM pgqueue.fairness_in(make_interval(secs => %(window_seconds)s))
+ORDER BY tier NULLS FIRST

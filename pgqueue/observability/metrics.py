@@ -1,0 +1,244 @@
+"""Prometheus metrics: the article's six ``claude_*`` series and pgqueue's own.
+
+Two sources, so that nothing is double counted when several processes are scraped and summed:
+
+* :class:`DatabaseCollector` derives every database-wide fact — queue depth, throttles per
+  tenant, demoted tenants, Jain's fairness index, input tokens per tenant, and the
+  enqueue-to-finish latency histogram (fed incrementally from finished jobs) — and is served
+  by ONE process per database: ``pgqueue metrics --port P``.
+* Each worker (``pgqueue work --metrics-port P``) serves only its own process series
+  (``pgqueue_*``): claims, claim latency, outcomes, retries by reason, rescues and slots in
+  use. These add up correctly across workers.
+
+Per-tenant labels are capped (``top_tenants``, by traffic) with the rest summed as ``other``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from pgqueue.db import queries
+
+#: Latency buckets (seconds) that resolve the SLOs 2 s / 6 s / 120 s.
+LATENCY_BUCKETS_SECONDS = (
+    0.1,
+    0.25,
+    0.5,
+    1,
+    1.5,
+    2,
+    3,
+    4,
+    6,
+    10,
+    20,
+    30,
+    60,
+    90,
+    120,
+    180,
+    300,
+    600,
+)
+TIERS = ("critical", "standard", "batch")
+
+# --------------------------------------------------------------------- worker process series
+WORKER_REGISTRY = CollectorRegistry(auto_describe=True)
+CLAIMS = Counter("pgqueue_claims", "Claim statements run by this worker.", registry=WORKER_REGISTRY)
+JOBS_CLAIMED = Counter(
+    "pgqueue_jobs_claimed", "Jobs claimed by this worker.", ["priority"], registry=WORKER_REGISTRY
+)
+CLAIM_SECONDS = Histogram(
+    "pgqueue_claim_duration_seconds",
+    "Time of one claim statement (tier pick + DRR + lease), seconds.",
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1),
+    registry=WORKER_REGISTRY,
+)
+OUTCOMES = Counter(
+    "pgqueue_job_outcomes",
+    "Outcomes recorded by this worker (succeeded, retried, failed, throttled, deferred, ...).",
+    ["outcome"],
+    registry=WORKER_REGISTRY,
+)
+RETRIES = Counter(
+    "pgqueue_retries",
+    "Jobs sent back to the queue by reason (error, throttle, shutdown, deferred).",
+    ["reason"],
+    registry=WORKER_REGISTRY,
+)
+RESCUED = Counter(
+    "pgqueue_rescued_jobs",
+    "Jobs with an expired lease returned by this worker's rescuer.",
+    registry=WORKER_REGISTRY,
+)
+SLOTS_IN_USE = Gauge(
+    "pgqueue_worker_slots_in_use", "Jobs this worker runs now.", registry=WORKER_REGISTRY
+)
+SLOTS = Gauge("pgqueue_worker_slots", "This worker's concurrency.", registry=WORKER_REGISTRY)
+
+
+# ------------------------------------------------------------------------ database series
+def _cap(values: dict[str, float], top: int) -> dict[str, float]:
+    """Keep the ``top`` largest labels; sum the rest under ``other``."""
+    ranked = sorted(values.items(), key=lambda kv: (-kv[1], kv[0]))
+    kept = dict(ranked[:top])
+    rest = sum(v for _k, v in ranked[top:])
+    if len(ranked) > top:
+        kept["other"] = kept.get("other", 0.0) + rest
+    return kept
+
+
+class DatabaseCollector(Collector):
+    """Collects the six ``claude_*`` series from the database, at most every
+    ``refresh_seconds`` (default 30 s: a scrape in between serves the cached values).
+
+    ``claude_request_latency_seconds`` is a histogram this collector accumulates from jobs as
+    they finish (a cursor over ``finished_at``), so it is monotonic like any histogram; it
+    starts at the jobs finished after the collector's start. Raises nothing on a failed
+    refresh: the last values are served and ``pgqueue_exporter_errors`` counts it.
+    """
+
+    def __init__(self, dsn: str, *, refresh_seconds: float = 30.0, top_tenants: int = 20) -> None:
+        self._dsn = dsn
+        self._refresh_seconds = refresh_seconds
+        self._top = top_tenants
+        self._lock = threading.Lock()
+        self._refreshed = float("-inf")
+        self._errors = 0
+        self._snapshot: dict[str, Any] = {}
+        self._cursor: tuple[datetime, int] = (datetime.now(UTC), 0)
+        self._buckets = {tier: [0] * len(LATENCY_BUCKETS_SECONDS) for tier in TIERS}
+        self._counts = dict.fromkeys(TIERS, 0)
+        self._sums = dict.fromkeys(TIERS, 0.0)
+
+    def refresh(self, *, force: bool = False) -> None:
+        """Read the database now if the cache is older than ``refresh_seconds``."""
+        with self._lock:
+            if not force and time.monotonic() - self._refreshed < self._refresh_seconds:
+                return
+            try:
+                with psycopg.connect(self._dsn, autocommit=True) as conn:
+                    self._snapshot = self._read(conn)
+                    self._read_latencies(conn)
+                self._refreshed = time.monotonic()
+            except psycopg.Error:
+                self._errors += 1
+
+    def _read(self, conn: psycopg.Connection[Any]) -> dict[str, Any]:
+        depth = {r["tier"]: float(r["queued"]) for r in queries.run(conn, "metrics_queue_depth")}
+        throttles = {
+            r["tenant_id"]: float(r["throttles"])
+            for r in queries.run(conn, "metrics_throttles_by_tenant")
+        }
+        demoted = queries.run(conn, "metrics_demoted_tenants")["demoted"]
+        fairness = queries.run(conn, "metrics_fairness")
+        tokens = {
+            r["tenant_id"]: float(r["input_tokens"])
+            for r in queries.run(conn, "metrics_input_tokens_by_tenant")
+        }
+        return {
+            "depth": depth,
+            "throttles": _cap(throttles, self._top),
+            "demoted": float(demoted),
+            "fairness": float(fairness["jain_weighted"]),
+            "fairness_unweighted": float(fairness["jain_unweighted"]),
+            "tokens": _cap(tokens, self._top),
+        }
+
+    def _read_latencies(self, conn: psycopg.Connection[Any]) -> None:
+        while True:
+            rows = queries.run(
+                conn,
+                "metrics_finished_since",
+                {"after_time": self._cursor[0], "after_id": self._cursor[1], "limit": 5000},
+            )
+            for r in rows:
+                tier, seconds = r["tier"], max(0.0, float(r["latency_seconds"]))
+                self._counts[tier] += 1
+                self._sums[tier] += seconds
+                for i, bound in enumerate(LATENCY_BUCKETS_SECONDS):
+                    if seconds <= bound:
+                        self._buckets[tier][i] += 1
+                self._cursor = (r["finished_at"], r["id"])
+            if len(rows) < 5000:
+                return
+
+    def collect(self) -> Iterable[Metric]:
+        """Serve the (refreshed if stale) values; the registry calls this on every scrape."""
+        self.refresh()
+        snap = self._snapshot
+        yield from self._families(snap)
+
+    def _families(self, snap: dict[str, Any]) -> Iterator[Metric]:
+        depth = GaugeMetricFamily(
+            "claude_queue_depth", "Queued jobs per priority tier.", labels=["priority"]
+        )
+        for tier in TIERS:
+            depth.add_metric([tier], snap.get("depth", {}).get(tier, 0.0))
+        yield depth
+        latency = HistogramMetricFamily(
+            "claude_request_latency_seconds",
+            "Enqueue-to-finish latency per priority tier, seconds.",
+            labels=["priority"],
+        )
+        for tier in TIERS:
+            buckets = [
+                (str(bound), float(count))
+                for bound, count in zip(LATENCY_BUCKETS_SECONDS, self._buckets[tier], strict=True)
+            ]
+            buckets.append(("+Inf", float(self._counts[tier])))
+            latency.add_metric([tier], buckets, self._sums[tier])
+        yield latency
+        throttle = GaugeMetricFamily(
+            "claude_throttle_count",
+            "429/529 answers attributed to each tenant in the last 60 s.",
+            labels=["tenant_id"],
+        )
+        for tenant, value in sorted(snap.get("throttles", {}).items()):
+            throttle.add_metric([tenant], value)
+        yield throttle
+        yield GaugeMetricFamily(
+            "claude_demoted_tenants",
+            "Tenants demoted to batch now.",
+            value=snap.get("demoted", 0.0),
+        )
+        yield GaugeMetricFamily(
+            "claude_drr_fairness_index",
+            "Jain's fairness index (5 min, weight-normalised cost served, backlogged tenants).",
+            value=snap.get("fairness", 1.0),
+        )
+        yield GaugeMetricFamily(
+            "pgqueue_fairness_index_unweighted",
+            "Jain's index over raw cost served (5 min).",
+            value=snap.get("fairness_unweighted", 1.0),
+        )
+        tokens = CounterMetricFamily(
+            "claude_input_tokens", "Input tokens charged per tenant.", labels=["tenant_id"]
+        )
+        for tenant, value in sorted(snap.get("tokens", {}).items()):
+            tokens.add_metric([tenant], value)
+        yield tokens
+        yield CounterMetricFamily(
+            "pgqueue_exporter_errors", "Failed database refreshes.", value=float(self._errors)
+        )
+
+
+def database_registry(dsn: str, **options: Any) -> CollectorRegistry:
+    """A registry holding one :class:`DatabaseCollector` for ``dsn``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DatabaseCollector(dsn, **options))
+    return registry

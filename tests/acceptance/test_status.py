@@ -1,0 +1,69 @@
+"""`pgqueue status --json`: per-tier p50/p99 and the SLO verdict (2 s / 6 s / 120 s)."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+from typer.testing import CliRunner
+
+from pgqueue.cli import app
+
+runner = CliRunner()
+
+
+def _finish_jobs(dsn: str, tier: str, latencies: list[float]) -> None:
+    with psycopg.connect(dsn) as conn:
+        conn.execute("INSERT INTO pgqueue.tenants (tenant_id) VALUES ('t') ON CONFLICT DO NOTHING")
+        for seconds in latencies:
+            conn.execute(
+                "INSERT INTO pgqueue.jobs (tenant_id, origin, priority, state, payload,"
+                " enqueued_at, started_at, finished_at)"
+                " VALUES ('t', 'user_action', %s::pgqueue.tier, 'succeeded', '{}',"
+                " now() - make_interval(secs => %s), now(), now())",
+                (tier, seconds),
+            )
+        conn.commit()
+
+
+def _status(dsn: str) -> dict:
+    result = runner.invoke(app, ["status", "--json", "--dsn", dsn])
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_a_run_that_meets_the_slo(db_dsn):
+    _finish_jobs(db_dsn, "critical", [0.2, 0.5, 0.8, 1.0, 1.5])
+    _finish_jobs(db_dsn, "batch", [30.0, 90.0])
+    data = _status(db_dsn)
+    critical = data["latency"]["critical"]
+    assert critical["finished"] == 5
+    assert critical["p50_seconds"] == 0.8
+    assert 1.4 < critical["p99_seconds"] <= 1.5
+    assert critical["slo_p99_seconds"] == 2
+    assert critical["meets_slo"] is True
+    assert data["latency"]["batch"]["meets_slo"] is True
+    assert data["latency"]["standard"]["meets_slo"] is None  # no data is not a pass
+
+
+def test_a_run_that_misses_the_slo(db_dsn):
+    _finish_jobs(db_dsn, "critical", [0.5] * 98 + [3.0, 9.0])
+    _finish_jobs(db_dsn, "standard", [1.0, 7.5])
+    data = _status(db_dsn)
+    assert data["latency"]["critical"]["meets_slo"] is False
+    assert data["latency"]["critical"]["p50_seconds"] == 0.5
+    assert data["latency"]["critical"]["p99_seconds"] > 2
+    assert data["latency"]["standard"]["meets_slo"] is False
+    table = runner.invoke(app, ["status", "--dsn", db_dsn])
+    assert "misses" in table.stdout
+
+
+def test_the_slo_is_a_setting(db_dsn):
+    _finish_jobs(db_dsn, "critical", [3.0])
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("SELECT set_config('pgqueue.slo_p99_critical_seconds', '5', false)")
+        row = conn.execute(
+            "SELECT meets_slo FROM pgqueue.latency_slo"
+            " WHERE window_name = '5m' AND tier = 'critical'"
+        ).fetchone()
+    assert row == (True,)
