@@ -17,7 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
-    stop_after_attempt,
+    stop_after_delay,
     wait_random_exponential,
 )
 
@@ -35,12 +35,15 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
-def transient_retry(attempts: int = 6) -> AsyncRetrying:
-    """A tenacity policy for transient database errors: jittered exponential, ~10 s in all."""
+def transient_retry(give_up_after_seconds: float = 30.0) -> AsyncRetrying:
+    """A tenacity policy for transient database errors (deadlock, serialization failure,
+    lost connection): full-jitter exponential waits up to 3 s, for at most
+    ``give_up_after_seconds`` — long enough to ride out a Postgres restart, far shorter than a
+    lease, so an outcome is recorded before anyone could rescue the job."""
     return AsyncRetrying(
         retry=retry_if_exception_type(TRANSIENT_ERRORS),
         wait=wait_random_exponential(multiplier=0.05, max=3.0),
-        stop=stop_after_attempt(attempts),
+        stop=stop_after_delay(give_up_after_seconds),
         reraise=True,
     )
 

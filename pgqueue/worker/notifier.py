@@ -18,6 +18,8 @@ log = logging.getLogger("pgqueue.worker")
 
 #: The channel the ``jobs_notify_insert`` trigger notifies.
 CHANNEL = "pgqueue_jobs"
+#: ``application_name`` of the LISTEN connection (find it in ``pg_stat_activity``).
+APPLICATION_NAME = "pgqueue-listen"
 
 
 class Notifier:
@@ -55,7 +57,9 @@ class Notifier:
             with attempt:
                 if stop.is_set():
                     return None
-                conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+                conn = await psycopg.AsyncConnection.connect(
+                    self._dsn, autocommit=True, application_name=APPLICATION_NAME
+                )
                 await conn.execute("LISTEN pgqueue_jobs")  # == CHANNEL
                 self.connects += 1
                 self._on_wake()  # catch up on anything missed while not listening

@@ -273,8 +273,10 @@ class Worker:
 
     async def _next_due(self) -> float | None:
         assert self._pool is not None
-        async with self._pool.connection() as conn:
-            row = await queries.arun(conn, "job_next_due")
+        async for attempt in transient_retry():
+            with attempt:
+                async with self._pool.connection() as conn:
+                    row = await queries.arun(conn, "job_next_due")
         return None if row is None or row["seconds"] is None else float(row["seconds"])
 
     async def _run_job(self, job: Job) -> None:
