@@ -75,6 +75,7 @@ class Succeeded:
     result: dict[str, Any] | None
     input_tokens: int | None = None
     output_tokens: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

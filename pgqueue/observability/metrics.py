@@ -80,6 +80,11 @@ RETRIES = Counter(
     ["reason"],
     registry=WORKER_REGISTRY,
 )
+RATELIMIT_WAITS = Counter(
+    "pgqueue_ratelimit_waits",
+    "Claims stopped because the provider's limits had no room for the next job.",
+    registry=WORKER_REGISTRY,
+)
 RESCUED = Counter(
     "pgqueue_rescued_jobs",
     "Jobs with an expired lease returned by this worker's rescuer.",

@@ -22,7 +22,9 @@ from tenacity import (
 )
 
 from pgqueue.db import queries
+from pgqueue.handlers.anthropic import KIND as ANTHROPIC_KIND
 from pgqueue.models import Deferred, Failed, Interrupted, Job, Outcome, Succeeded, Throttled
+from pgqueue.scheduling.ratelimit import LimitHeader, parse_ratelimit_headers
 from pgqueue.settings import Settings
 
 log = logging.getLogger("pgqueue.worker")
@@ -65,10 +67,13 @@ class Completer:
 
     async def _record(self, job: Job, outcome: Outcome) -> str | None:
         name, params, success_state = self._statement(job, outcome)
+        limiter = self._limiter_statement(job, outcome)
         async for attempt in transient_retry():
             with attempt:
                 async with self._pool.connection() as conn:
                     result = await queries.arun(conn, name, params)
+                    if limiter is not None:
+                        await queries.arun(conn, *limiter)
         if success_state is not None:
             state = success_state if result else None
         else:
@@ -78,6 +83,39 @@ class Completer:
                 "job %s: lease lost before its outcome was recorded; outcome dropped", job.id
             )
         return state
+
+    def _limiter_statement(self, job: Job, outcome: Outcome) -> tuple[str, dict[str, Any]] | None:
+        """What the shared rate limiter learns from this outcome (rate-limited jobs only)."""
+        if job.kind != ANTHROPIC_KIND or job.model is None:
+            return None
+        if isinstance(outcome, Succeeded):
+            seen = parse_ratelimit_headers(outcome.headers)
+            none = LimitHeader(None, None, None)
+            requests = seen.get("requests", none)
+            inputs = seen.get("input-tokens", none)
+            outputs = seen.get("output-tokens", none)
+            reserved = job.payload.get("max_tokens")
+            return (
+                "ratelimit_observe",
+                {
+                    "model": job.model,
+                    "requests_limit": requests.limit,
+                    "requests_remaining": requests.remaining,
+                    "input_limit": inputs.limit,
+                    "input_remaining": inputs.remaining,
+                    "output_limit": outputs.limit,
+                    "output_remaining": outputs.remaining,
+                    "estimated_input": job.est_input_tokens,
+                    "actual_input": outcome.input_tokens,
+                    "reserved_output": reserved if isinstance(reserved, int) else None,
+                    "actual_output": outcome.output_tokens,
+                },
+            )
+        if isinstance(outcome, Throttled):
+            hint = outcome.retry_after_seconds
+            seconds = hint or self._settings.default_retry_after_seconds
+            return ("ratelimit_cooldown", {"model": job.model, "seconds": seconds})
+        return None
 
     def _statement(self, job: Job, outcome: Outcome) -> tuple[str, dict[str, Any], str | None]:
         key = {"id": job.id, "tenant_id": job.tenant_id, "lease_token": job.lease_token}

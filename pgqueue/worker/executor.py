@@ -40,7 +40,9 @@ async def _call(handler: Handler, job: Job) -> Any:
 
 def _to_success(returned: Any) -> Outcome:
     if isinstance(returned, HandlerResult):
-        return Succeeded(returned.result, returned.input_tokens, returned.output_tokens)
+        return Succeeded(
+            returned.result, returned.input_tokens, returned.output_tokens, returned.headers
+        )
     if returned is None or isinstance(returned, dict):
         return Succeeded(returned)
     return Failed(

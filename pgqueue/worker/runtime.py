@@ -142,6 +142,7 @@ class Worker:
         self._hard_stop = False
         self._inflight: dict[int, tuple[Job, asyncio.Task[None]]] = {}
         self._lost: set[int] = set()
+        self._blocked_seconds: float | None = None
         self._pool: AsyncConnectionPool[Any] | None = None
         self._completer: Completer | None = None
 
@@ -234,7 +235,10 @@ class Worker:
                 if claimed == free:
                     continue  # the queue may hold more: claim again once a slot frees
             timeout = self.settings.poll_interval_seconds * self._rng.uniform(0.8, 1.2)
-            if free > 0 and claimed == 0:
+            if self._blocked_seconds is not None and free > 0:
+                # Work is due but the provider's limits are spent: wait for the refill.
+                timeout = min(timeout, max(self._blocked_seconds, 0.01))
+            elif free > 0 and claimed == 0:
                 due = await self._next_due()
                 if (
                     self.burst
@@ -262,14 +266,21 @@ class Worker:
                     rows = await queries.arun(conn, "job_claim", params)
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
         metrics.CLAIMS.inc()
+        self._blocked_seconds = None
+        claimed = 0
         for row in rows:
+            if row["id"] is None:  # the provider's limits stopped the batch
+                self._blocked_seconds = float(row["blocked_seconds"])
+                metrics.RATELIMIT_WAITS.inc()
+                continue
+            claimed += 1
             job = _job_from_row(row)
             metrics.JOBS_CLAIMED.labels(job.priority.value).inc()
             task = asyncio.create_task(self._run_job(job), name=f"pgqueue-job-{job.id}")
             self._inflight[job.id] = (job, task)
-        self.stats.claimed += len(rows)
+        self.stats.claimed += claimed
         metrics.SLOTS_IN_USE.set(len(self._inflight))
-        return len(rows)
+        return claimed
 
     async def _next_due(self) -> float | None:
         assert self._pool is not None

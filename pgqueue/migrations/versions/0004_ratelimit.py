@@ -26,7 +26,7 @@ def downgrade() -> None:
     op.execute(
         """
         DROP VIEW IF EXISTS pgqueue.rate_limit_state;
-        DROP FUNCTION IF EXISTS pgqueue.ratelimit_cooldown, pgqueue.ratelimit_observe,
+        DROP FUNCTION IF EXISTS pgqueue.claim_admitted, pgqueue.ratelimit_cooldown, pgqueue.ratelimit_observe,
             pgqueue.ratelimit_try_take, pgqueue.ratelimit_save, pgqueue.ratelimit_row;
         DROP TABLE IF EXISTS pgqueue.rate_limits;
         """

@@ -192,3 +192,64 @@ SELECT l.model, l.requests_per_minute, l.input_tokens_per_minute, l.output_token
        coalesce(l.cooldown_until > now(), false) AS cooling_down,
        l.cooldown_until, l.input_estimate_ratio, l.limits_from_headers
 FROM pgqueue.rate_limits l;
+
+-- The claim behind admission control by the provider's limits: "claim only when the job can
+-- be sent now". Claims a batch with pgqueue.claim (tiers + DRR) inside a subtransaction, then
+-- takes each rate-limited job's request and tokens from its model's buckets in dispatch
+-- order. If one does not fit, the whole batch is rolled back (scheduler state, leases, takes)
+-- and claimed again up to the job before it: the dispatch is deterministic, so the same jobs
+-- come back and their takes now all succeed. The scheduler's order is kept (no job jumps the
+-- blocked one: no priority inversion). Rows: the claimed jobs with blocked_seconds NULL, then,
+-- when the limiter stopped the batch, one row with a NULL job and the seconds until the
+-- blocked job would fit. A job larger than a whole bucket is let through (its provider answer
+-- will say why). Jobs of other kinds than anthropic.messages are not rate limited.
+CREATE FUNCTION pgqueue.claim_admitted(max_jobs integer, worker_id text,
+                                       lease_seconds double precision)
+RETURNS TABLE (job pgqueue.jobs, blocked_seconds double precision)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    want integer := max_jobs;
+    got pgqueue.jobs[];
+    j pgqueue.jobs;
+    wait double precision;
+    blocked_at integer;
+    blocked_wait double precision;
+    tries integer := 0;
+BEGIN
+    -- The scheduler's lock, held to commit, so that the redo sees the same state.
+    PERFORM pg_advisory_xact_lock(7310575183440224370);
+    LOOP
+        tries := tries + 1;
+        blocked_at := NULL;
+        BEGIN
+            got := ARRAY(SELECT c FROM pgqueue.claim(want, worker_id, lease_seconds) c);
+            FOR i IN 1 .. coalesce(cardinality(got), 0) LOOP
+                j := got[i];
+                CONTINUE WHEN j.kind <> 'anthropic.messages' OR j.model IS NULL;
+                wait := pgqueue.ratelimit_try_take(j.model, j.est_input_tokens,
+                                                   j.max_output_tokens);
+                IF wait > 0 AND wait < 'Infinity'::double precision THEN
+                    blocked_at := i;
+                    blocked_wait := wait;
+                    RAISE EXCEPTION 'rate limited' USING ERRCODE = 'PQ901';
+                END IF;
+            END LOOP;
+        EXCEPTION WHEN SQLSTATE 'PQ901' THEN
+            NULL;  -- everything of this attempt is undone; `got` and blocked_at survive
+        END;
+        IF blocked_at IS NULL THEN
+            RETURN QUERY SELECT g, NULL::double precision FROM unnest(got) AS g;
+            IF want < max_jobs THEN
+                RETURN QUERY SELECT NULL::pgqueue.jobs, blocked_wait;
+            END IF;
+            RETURN;
+        END IF;
+        want := blocked_at - 1;
+        IF want = 0 OR tries >= 3 THEN
+            RETURN QUERY SELECT NULL::pgqueue.jobs, blocked_wait;
+            RETURN;
+        END IF;
+    END LOOP;
+END
+$$;

@@ -3,11 +3,14 @@
 -- name: job_claim :many
 -- Tier pick (pgqueue.tier_policy) then per-tenant Deficit Round Robin within the tier, decided
 -- under a short advisory lock so that every worker shares one fair schedule; the deficits are
--- charged in this transaction. Only due, queued jobs. See pgqueue.drr_dispatch and docs/drr.md.
-SELECT c.id, c.tenant_id, c.kind, c.priority, c.payload, c.cost, c.attempts, c.max_attempts,
-       c.throttle_retries, c.enqueued_at, c.lease_token::text AS lease_token, c.model,
-       c.est_input_tokens
-FROM pgqueue.claim(%(limit)s, %(worker_id)s, %(lease_seconds)s) AS c
+-- charged in this transaction. Only due, queued jobs, and only those the provider's limits
+-- let through now (pgqueue.claim_admitted): when the limiter stops the batch, a last row with
+-- a NULL id carries blocked_seconds. See docs/drr.md.
+SELECT (c.job).id, (c.job).tenant_id, (c.job).kind, (c.job).priority, (c.job).payload,
+       (c.job).cost, (c.job).attempts, (c.job).max_attempts, (c.job).throttle_retries,
+       (c.job).enqueued_at, (c.job).lease_token::text AS lease_token, (c.job).model,
+       (c.job).est_input_tokens, c.blocked_seconds
+FROM pgqueue.claim_admitted(%(limit)s, %(worker_id)s, %(lease_seconds)s) AS c
 
 -- name: job_complete :execrows
 -- Fenced: only the lease holder of a running job can record its success.
