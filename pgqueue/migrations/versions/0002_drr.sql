@@ -221,6 +221,10 @@ DECLARE
     best integer;
     total double precision;
     t text;
+    rot_t text;                          -- a pair to move to the tail: tenant, deficit, pos
+    rot_def double precision;
+    rot_pos bigint;
+    tr pgqueue.tier;                     -- the tier at hand (a plain parameter for the planner)
     t_def double precision;
     t_q double precision;
     t_pos bigint;
@@ -271,24 +275,69 @@ BEGIN
             FOR i IN 1 .. 3 LOOP
                 CONTINUE WHEN NOT recheck[i];
                 recheck[i] := false;
+                tr := tiers[i];
                 elig[i] := false;
                 off := (i - 1) * stride;
                 LOOP
                     IF ht[i] IS NULL THEN
-                        SELECT d.tenant_id, d.deficit, d.pos,
-                               pgqueue.plan_quantum(tn.plan, tn.quantum, base)
-                        INTO t, t_def, t_pos, t_q
-                        FROM pgqueue.deficits d
-                        LEFT JOIN pgqueue.tenants tn ON tn.tenant_id = d.tenant_id
-                        WHERE d.tier = tiers[i] AND d.pos IS NOT NULL
-                        ORDER BY d.pos
-                        LIMIT 1;
+                        -- Load the round head (after moving a pair to the tail, if one is pending) and
+                        -- fetch its next due jobs into the buffer, in one statement.
+                        WITH rotated AS (
+                            UPDATE pgqueue.deficits d SET deficit = rot_def, pos = rot_pos
+                            WHERE d.tenant_id = rot_t AND d.tier = tr
+                            RETURNING d.tenant_id, d.deficit, d.pos
+                        ), head AS (
+                            SELECT h.tenant_id, h.deficit, h.pos
+                            FROM ((SELECT d.tenant_id, d.deficit, d.pos FROM pgqueue.deficits d
+                                   WHERE d.tier = tr AND d.pos IS NOT NULL
+                                     AND d.tenant_id IS DISTINCT FROM rot_t
+                                   ORDER BY d.pos
+                                   LIMIT 1)
+                                  UNION ALL
+                                  SELECT r.tenant_id, r.deficit, r.pos FROM rotated r) h
+                            ORDER BY h.pos
+                            LIMIT 1
+                        )
+                        SELECT head.tenant_id, head.deficit, head.pos, q.quantum, l.lim, f.ids, f.costs, f.runs
+                        INTO t, t_def, t_pos, t_q, lim, f_id, f_cost, f_run
+                        FROM head
+                        LEFT JOIN pgqueue.tenants tn ON tn.tenant_id = head.tenant_id
+                        CROSS JOIN LATERAL (
+                            SELECT pgqueue.plan_quantum(tn.plan, tn.quantum, base) AS quantum) q
+                        CROSS JOIN LATERAL (  -- at most floor(credit) jobs (cost >= 1) fit in its turn
+                            SELECT least((max_jobs - taken)::double precision,
+                                         floor(head.deficit + CASE WHEN head.tenant_id = turn[i] THEN 0
+                                                                   ELSE q.quantum END))::integer + 1 AS lim) l
+                        CROSS JOIN LATERAL (
+                            SELECT array_agg(y.id ORDER BY y.run_at, y.id) AS ids,
+                                   array_agg(y.cost ORDER BY y.run_at, y.id) AS costs,
+                                   array_agg(y.run_at ORDER BY y.run_at, y.id) AS runs
+                            FROM (SELECT j.id, j.cost, j.run_at FROM pgqueue.jobs j
+                                  WHERE j.tenant_id = head.tenant_id AND j.priority = tr
+                                    AND j.state = 'queued' AND j.run_at <= now()
+                                    AND (j.tenant_id, j.priority, j.run_at, j.id)
+                                        > (head.tenant_id, tr, '-infinity'::timestamptz, -9223372036854775808)
+                                    AND j.id <> ALL (picked)
+                                  ORDER BY j.run_at, j.id
+                                  LIMIT l.lim
+                                  FOR UPDATE SKIP LOCKED) y) f;
+                        rot_t := NULL;
                         IF FOUND THEN
                             ht[i] := t;
                             hdef[i] := t_def;
                             hq[i] := t_q;
                             hpos[i] := t_pos;
                             hdirty[i] := false;
+                            n := coalesce(array_length(f_id, 1), 0);
+                            IF n > 0 THEN
+                                b_id[off + 1 : off + n] := f_id;
+                                b_cost[off + 1 : off + n] := f_cost;
+                                b_run[off + 1 : off + n] := f_run;
+                            END IF;
+                            bt[i] := t;
+                            bn[i] := n;
+                            bat[i] := 1;
+                            bdone[i] := n < lim;
                         END IF;
                     END IF;
                     IF ht[i] IS NOT NULL THEN
@@ -302,7 +351,7 @@ BEGIN
                         INTO t, t_q
                         FROM pgqueue.deficits d
                         LEFT JOIN pgqueue.tenants tn ON tn.tenant_id = d.tenant_id
-                        WHERE d.tier = tiers[i] AND d.pos IS NULL AND d.due_at <= now()
+                        WHERE d.tier = tr AND d.pos IS NULL AND d.due_at <= now()
                         LIMIT 1;
                         EXIT WHEN NOT FOUND;
                         lim := least((max_jobs - taken)::double precision, floor(t_q))::integer + 1;
@@ -327,9 +376,9 @@ BEGIN
                                array_agg(x.run_at ORDER BY x.run_at, x.id)
                         INTO f_id, f_cost, f_run
                         FROM (SELECT j.id, j.cost, j.run_at FROM pgqueue.jobs j
-                              WHERE j.tenant_id = t AND j.priority = tiers[i]
+                              WHERE j.tenant_id = t AND j.priority = tr
                                 AND j.state = 'queued' AND j.run_at <= now()
-                                AND (j.run_at, j.id) > (a_run, a_id)
+                                AND (j.tenant_id, j.priority, j.run_at, j.id) > (t, tr, a_run, a_id)
                                 AND j.id <> ALL (picked)
                               ORDER BY j.run_at, j.id
                               LIMIT lim
@@ -354,18 +403,18 @@ BEGIN
                     -- a second later.
                     SELECT j.run_at INTO next_due
                     FROM pgqueue.jobs j
-                    WHERE j.tenant_id = t AND j.priority = tiers[i] AND j.state = 'queued'
+                    WHERE j.tenant_id = t AND j.priority = tr AND j.state = 'queued'
                       AND j.id <> ALL (picked)
                     ORDER BY j.run_at, j.id
                     LIMIT 1;
                     IF next_due IS NULL THEN
-                        DELETE FROM pgqueue.deficits d WHERE d.tenant_id = t AND d.tier = tiers[i];
+                        DELETE FROM pgqueue.deficits d WHERE d.tenant_id = t AND d.tier = tr;
                     ELSE
                         UPDATE pgqueue.deficits d
                         SET pos = NULL, deficit = 0,
                             due_at = CASE WHEN next_due > now() THEN next_due
                                           ELSE now() + interval '1 second' END
-                        WHERE d.tenant_id = t AND d.tier = tiers[i];
+                        WHERE d.tenant_id = t AND d.tier = tr;
                     END IF;
                     IF turn[i] = t THEN
                         turn[i] := NULL;
@@ -411,6 +460,7 @@ BEGIN
             -- One DrrScheduler.next() of tier b. Due waiting pairs first join the tail of the
             -- round sorted by (refill offset, tenant id): the staggered refill order.
             b := best;
+            tr := tiers[b];
             off := (b - 1) * stride;
             IF absorb[b] THEN
                 WITH waiting AS (
@@ -418,12 +468,12 @@ BEGIN
                            row_number() OVER (ORDER BY d.refill_offset,
                                                        d.tenant_id COLLATE "C") AS rn
                     FROM pgqueue.deficits d
-                    WHERE d.tier = tiers[b] AND d.pos IS NULL AND d.due_at <= now()
+                    WHERE d.tier = tr AND d.pos IS NULL AND d.due_at <= now()
                 )
                 UPDATE pgqueue.deficits d
                 SET pos = npos[b] + w.rn - 1
                 FROM waiting w
-                WHERE d.tier = tiers[b] AND d.tenant_id = w.tenant_id;
+                WHERE d.tier = tr AND d.tenant_id = w.tenant_id;
                 GET DIAGNOSTICS joined = ROW_COUNT;
                 npos[b] := npos[b] + joined;
                 absorb[b] := false;
@@ -431,20 +481,64 @@ BEGIN
             served := false;
             LOOP
                 IF ht[b] IS NULL THEN
-                    SELECT d.tenant_id, d.deficit, d.pos,
-                           pgqueue.plan_quantum(tn.plan, tn.quantum, base)
-                    INTO t, t_def, t_pos, t_q
-                    FROM pgqueue.deficits d
-                    LEFT JOIN pgqueue.tenants tn ON tn.tenant_id = d.tenant_id
-                    WHERE d.tier = tiers[b] AND d.pos IS NOT NULL
-                    ORDER BY d.pos
-                    LIMIT 1;
+                    -- Load the round head (after moving a pair to the tail, if one is pending) and
+                    -- fetch its next due jobs into the buffer, in one statement.
+                    WITH rotated AS (
+                        UPDATE pgqueue.deficits d SET deficit = rot_def, pos = rot_pos
+                        WHERE d.tenant_id = rot_t AND d.tier = tr
+                        RETURNING d.tenant_id, d.deficit, d.pos
+                    ), head AS (
+                        SELECT h.tenant_id, h.deficit, h.pos
+                        FROM ((SELECT d.tenant_id, d.deficit, d.pos FROM pgqueue.deficits d
+                               WHERE d.tier = tr AND d.pos IS NOT NULL
+                                 AND d.tenant_id IS DISTINCT FROM rot_t
+                               ORDER BY d.pos
+                               LIMIT 1)
+                              UNION ALL
+                              SELECT r.tenant_id, r.deficit, r.pos FROM rotated r) h
+                        ORDER BY h.pos
+                        LIMIT 1
+                    )
+                    SELECT head.tenant_id, head.deficit, head.pos, q.quantum, l.lim, f.ids, f.costs, f.runs
+                    INTO t, t_def, t_pos, t_q, lim, f_id, f_cost, f_run
+                    FROM head
+                    LEFT JOIN pgqueue.tenants tn ON tn.tenant_id = head.tenant_id
+                    CROSS JOIN LATERAL (
+                        SELECT pgqueue.plan_quantum(tn.plan, tn.quantum, base) AS quantum) q
+                    CROSS JOIN LATERAL (  -- at most floor(credit) jobs (cost >= 1) fit in its turn
+                        SELECT least((max_jobs - taken)::double precision,
+                                     floor(head.deficit + CASE WHEN head.tenant_id = turn[b] THEN 0
+                                                               ELSE q.quantum END))::integer + 1 AS lim) l
+                    CROSS JOIN LATERAL (
+                        SELECT array_agg(y.id ORDER BY y.run_at, y.id) AS ids,
+                               array_agg(y.cost ORDER BY y.run_at, y.id) AS costs,
+                               array_agg(y.run_at ORDER BY y.run_at, y.id) AS runs
+                        FROM (SELECT j.id, j.cost, j.run_at FROM pgqueue.jobs j
+                              WHERE j.tenant_id = head.tenant_id AND j.priority = tr
+                                AND j.state = 'queued' AND j.run_at <= now()
+                                AND (j.tenant_id, j.priority, j.run_at, j.id)
+                                    > (head.tenant_id, tr, '-infinity'::timestamptz, -9223372036854775808)
+                                AND j.id <> ALL (picked)
+                              ORDER BY j.run_at, j.id
+                              LIMIT l.lim
+                              FOR UPDATE SKIP LOCKED) y) f;
+                    rot_t := NULL;
                     EXIT WHEN NOT FOUND;
                     ht[b] := t;
                     hdef[b] := t_def;
                     hq[b] := t_q;
                     hpos[b] := t_pos;
                     hdirty[b] := false;
+                    n := coalesce(array_length(f_id, 1), 0);
+                    IF n > 0 THEN
+                        b_id[off + 1 : off + n] := f_id;
+                        b_cost[off + 1 : off + n] := f_cost;
+                        b_run[off + 1 : off + n] := f_run;
+                    END IF;
+                    bt[b] := t;
+                    bn[b] := n;
+                    bat[b] := 1;
+                    bdone[b] := n < lim;
                 END IF;
                 t := ht[b];
                 IF turn[b] IS DISTINCT FROM t THEN  -- its turn begins: one quantum
@@ -477,9 +571,9 @@ BEGIN
                            array_agg(x.run_at ORDER BY x.run_at, x.id)
                     INTO f_id, f_cost, f_run
                     FROM (SELECT j.id, j.cost, j.run_at FROM pgqueue.jobs j
-                          WHERE j.tenant_id = t AND j.priority = tiers[b]
+                          WHERE j.tenant_id = t AND j.priority = tr
                             AND j.state = 'queued' AND j.run_at <= now()
-                            AND (j.run_at, j.id) > (a_run, a_id)
+                            AND (j.tenant_id, j.priority, j.run_at, j.id) > (t, tr, a_run, a_id)
                             AND j.id <> ALL (picked)
                           ORDER BY j.run_at, j.id
                           LIMIT lim
@@ -498,18 +592,18 @@ BEGIN
                     -- nothing due (or all locked by others): the pair leaves the round
                     SELECT j.run_at INTO next_due
                     FROM pgqueue.jobs j
-                    WHERE j.tenant_id = t AND j.priority = tiers[b] AND j.state = 'queued'
+                    WHERE j.tenant_id = t AND j.priority = tr AND j.state = 'queued'
                       AND j.id <> ALL (picked)
                     ORDER BY j.run_at, j.id
                     LIMIT 1;
                     IF next_due IS NULL THEN
-                        DELETE FROM pgqueue.deficits d WHERE d.tenant_id = t AND d.tier = tiers[b];
+                        DELETE FROM pgqueue.deficits d WHERE d.tenant_id = t AND d.tier = tr;
                     ELSE
                         UPDATE pgqueue.deficits d
                         SET pos = NULL, deficit = 0,
                             due_at = CASE WHEN next_due > now() THEN next_due
                                           ELSE now() + interval '1 second' END
-                        WHERE d.tenant_id = t AND d.tier = tiers[b];
+                        WHERE d.tenant_id = t AND d.tier = tr;
                     END IF;
                     turn[b] := NULL;
                     ht[b] := NULL;
@@ -524,7 +618,7 @@ BEGIN
                     taken := taken + 1;
                     picked[taken] := b_id[k];
                     pk_tenant[taken] := t;
-                    pk_tier[taken] := tiers[b];
+                    pk_tier[taken] := tr;
                     pk_round[taken] := rnd[b];
                     -- started_at orders dispatches globally (strictly increasing)
                     last_at := greatest(clock_timestamp(), last_at + interval '1 microsecond');
@@ -534,8 +628,10 @@ BEGIN
                 END IF;
                 -- The head costs more than the credit left: the turn ends, the deficit carries
                 -- over, and the pair moves to the tail of the round.
-                UPDATE pgqueue.deficits d SET deficit = hdef[b], pos = npos[b]
-                WHERE d.tenant_id = t AND d.tier = tiers[b];
+                -- (written by the next load of the round head, just below)
+                rot_t := t;
+                rot_def := hdef[b];
+                rot_pos := npos[b];
                 npos[b] := npos[b] + 1;
                 turn[b] := NULL;
                 ht[b] := NULL;
@@ -562,24 +658,21 @@ BEGIN
         INSERT INTO pgqueue.drr_inbox (tier, tenant_id) VALUES (orphan.priority, orphan.tenant_id);
         repaired := true;
     END LOOP;
-    -- Deficits of the turns still in progress, the tier state.
-    IF hdirty[1] OR hdirty[2] OR hdirty[3] THEN
+    -- One statement: the deficits of the turns still in progress, the tier state, and the
+    -- jobs taken (started_at = the moment of each dispatch), returned in dispatch order.
+    RETURN QUERY
+    WITH flushed AS (
         UPDATE pgqueue.deficits d SET deficit = u.deficit
         FROM unnest(ht, tiers, hdef, hdirty) AS u(tenant_id, tier, deficit, dirty)
-        WHERE u.dirty AND d.tenant_id = u.tenant_id AND d.tier = u.tier;
-    END IF;
-    UPDATE pgqueue.tier_state ts
-    SET swrr_current = cur[array_position(tiers, ts.tier)],
-        turn_tenant = turn[array_position(tiers, ts.tier)],
-        next_pos = npos[array_position(tiers, ts.tier)],
-        round = rnd[array_position(tiers, ts.tier)],
-        round_end_pos = rend[array_position(tiers, ts.tier)];
-    IF taken = 0 THEN
-        RETURN;
-    END IF;
-    -- Take the jobs, in one statement; started_at = the moment of each dispatch.
-    RETURN QUERY
-    WITH taking AS (
+        WHERE u.dirty AND d.tenant_id = u.tenant_id AND d.tier = u.tier
+    ), saved AS (
+        UPDATE pgqueue.tier_state ts
+        SET swrr_current = cur[array_position(tiers, ts.tier)],
+            turn_tenant = turn[array_position(tiers, ts.tier)],
+            next_pos = npos[array_position(tiers, ts.tier)],
+            round = rnd[array_position(tiers, ts.tier)],
+            round_end_pos = rend[array_position(tiers, ts.tier)]
+    ), taking AS (
         SELECT u.id, u.tenant_id, u.tier, u.round, u.at, u.ord
         FROM unnest(picked, pk_tenant, pk_tier, pk_round, pk_at)
              WITH ORDINALITY AS u(id, tenant_id, tier, round, at, ord)
@@ -598,6 +691,10 @@ BEGIN
     SELECT took.tier, took.round, took.j FROM took ORDER BY took.ord;
 END
 $$;
+-- Its statements' plans do not depend on parameter values (index probes by key), and custom
+-- plans would be re-planned at every call.
+ALTER FUNCTION pgqueue.drr_dispatch(integer, text, double precision)
+    SET plan_cache_mode = force_generic_plan;
 
 CREATE FUNCTION pgqueue.claim(max_jobs integer, worker_id text,
                               lease_seconds double precision)
