@@ -1,12 +1,15 @@
 """Fair (DRR) claim versus a plain ``ORDER BY id FOR UPDATE SKIP LOCKED`` claim, same database.
 
-For each queue depth × active tenants it builds one database of no-op jobs, then for each
-claim mode and number of processes measures claim+complete throughput (jobs/s) and the
-latency of a single-job claim, restoring the queue depth between runs. Prints a table and
-writes JSON. Not part of pytest.
+For each queue depth × active tenants it builds one database of no-op jobs (one
+``INSERT … SELECT generate_series``; the enqueue triggers fill the DRR inbox), then for each
+number of processes measures claim+complete throughput (jobs/s) of both claims, ``--repeats``
+times interleaved (fair, plain, fair, plain, …), restoring the queue depth between runs, and
+reports medians; plus the median latency of one claim of 1 job and of ``--batch`` jobs. Both
+modes complete jobs the same way (one fenced ``job_complete`` per job). Prints a table and
+writes JSON (medians and every sample). Not part of pytest.
 
     python bench/claim.py --dsn postgresql://root@127.0.0.1/postgres \
-        --depths 10000,100000 --tenants 10,1000 --procs 1,4 --json bench/claim.json
+        --depths 10000,100000 --tenants 10,1000 --procs 1,4 --repeats 5 --json bench/claim.json
 """
 
 from __future__ import annotations
@@ -100,12 +103,12 @@ def _restore(dsn: str) -> None:
         queries.run(conn, "job_claim", {"limit": 0, "worker_id": "x", "lease_seconds": 1})
 
 
-def _latency_ms(dsn: str, mode: str, samples: int) -> float:
+def _latency_ms(dsn: str, mode: str, samples: int, limit: int = 1) -> float:
     times = []
     with psycopg.connect(dsn) as conn:
         for _ in range(samples):
             t0 = time.perf_counter()
-            _claim(conn, mode, 1, "latency")
+            _claim(conn, mode, limit, "latency")
             conn.commit()
             times.append((time.perf_counter() - t0) * 1000)
     return statistics.median(times)
@@ -152,49 +155,63 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=4000, help="jobs per measured run")
     parser.add_argument("--batch", type=int, default=10, help="claim limit (free slots)")
     parser.add_argument("--latency-samples", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per mode, interleaved")
     parser.add_argument("--json", default="bench/claim.json")
     args = parser.parse_args()
     ctx = multiprocessing.get_context("spawn")
     results: list[dict[str, Any]] = []
     header = (
         f"{'depth':>8} {'tenants':>7} {'procs':>5} {'fair/s':>8} {'plain/s':>8} "
-        f"{'ratio':>6} {'fair ms':>8} {'plain ms':>8}"
+        f"{'ratio':>6} {'fair ms':>8} {'plain ms':>8} {'fairB ms':>8} {'plainB ms':>9}"
     )
     print(header)
     for depth in (int(x) for x in args.depths.split(",")):
         for tenants in (int(x) for x in args.tenants.split(",")):
             name, dsn = _build(args.dsn, depth, tenants)
             try:
-                latency = {m: _latency_ms(dsn, m, args.latency_samples) for m in ("fair", "plain")}
-                _restore(dsn)
+                latency: dict[str, float] = {}
+                for m in ("fair", "plain"):
+                    latency[m] = _latency_ms(dsn, m, args.latency_samples)
+                    _restore(dsn)
+                    latency[m + "_batch"] = _latency_ms(
+                        dsn, m, max(1, args.latency_samples // args.batch), args.batch
+                    )
+                    _restore(dsn)
                 for procs in (int(x) for x in args.procs.split(",")):
-                    rate: dict[str, float] = {}
-                    for mode in ("fair", "plain"):
-                        start_at = time.time() + 1.0
-                        with ctx.Pool(procs) as pool:
-                            out = pool.starmap(
-                                _worker,
-                                [(dsn, mode, args.jobs // procs, args.batch, start_at)] * procs,
-                            )
-                        wall = max(e for _, e, _ in out) - min(s for s, _, _ in out)
-                        rate[mode] = sum(d for _, _, d in out) / wall
-                        _restore(dsn)
+                    samples: dict[str, list[float]] = {"fair": [], "plain": [], "ratio": []}
+                    for _ in range(args.repeats):
+                        for mode in ("fair", "plain"):
+                            start_at = time.time() + 1.0
+                            with ctx.Pool(procs) as pool:
+                                out = pool.starmap(
+                                    _worker,
+                                    [(dsn, mode, args.jobs // procs, args.batch, start_at)] * procs,
+                                )
+                            wall = max(e for _, e, _ in out) - min(s for s, _, _ in out)
+                            samples[mode].append(sum(d for _, _, d in out) / wall)
+                            _restore(dsn)
+                        samples["ratio"].append(samples["fair"][-1] / samples["plain"][-1])
                     row = {
                         "depth": depth,
                         "tenants": tenants,
                         "procs": procs,
                         "batch": args.batch,
-                        "fair_jobs_per_s": round(rate["fair"], 1),
-                        "plain_jobs_per_s": round(rate["plain"], 1),
-                        "ratio": round(rate["fair"] / rate["plain"], 3),
+                        "repeats": args.repeats,
+                        "fair_jobs_per_s": round(statistics.median(samples["fair"]), 1),
+                        "plain_jobs_per_s": round(statistics.median(samples["plain"]), 1),
+                        "ratio": round(statistics.median(samples["ratio"]), 3),
                         "fair_claim1_ms": round(latency["fair"], 3),
                         "plain_claim1_ms": round(latency["plain"], 3),
+                        "fair_claim_batch_ms": round(latency["fair_batch"], 3),
+                        "plain_claim_batch_ms": round(latency["plain_batch"], 3),
+                        "samples": {k: [round(v, 3) for v in vs] for k, vs in samples.items()},
                     }
                     results.append(row)
                     print(
                         f"{depth:>8} {tenants:>7} {procs:>5} {row['fair_jobs_per_s']:>8} "
                         f"{row['plain_jobs_per_s']:>8} {row['ratio']:>6} "
-                        f"{row['fair_claim1_ms']:>8} {row['plain_claim1_ms']:>8}",
+                        f"{row['fair_claim1_ms']:>8} {row['plain_claim1_ms']:>8} "
+                        f"{row['fair_claim_batch_ms']:>8} {row['plain_claim_batch_ms']:>9}",
                         flush=True,
                     )
             finally:

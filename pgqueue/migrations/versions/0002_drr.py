@@ -27,9 +27,8 @@ def downgrade() -> None:
         """
         DROP VIEW IF EXISTS pgqueue.fairness, pgqueue.tenant_service, pgqueue.claim_order;
         DROP FUNCTION IF EXISTS pgqueue.fairness_in, pgqueue.tenant_service_in,
-            pgqueue.claim_preview, pgqueue.claim, pgqueue.drr_dispatch, pgqueue.drr_next,
-            pgqueue.drr_tier_eligible, pgqueue.drr_leave,
-            pgqueue.tier_policy, pgqueue.tenant_quantum, pgqueue.plan_quantum, pgqueue.base_quantum,
+            pgqueue.claim_preview, pgqueue.claim, pgqueue.drr_dispatch, pgqueue.tier_policy,
+            pgqueue.tenant_quantum, pgqueue.plan_quantum, pgqueue.base_quantum,
             pgqueue.refill_offset;
         DROP TRIGGER IF EXISTS jobs_drr_requeue ON pgqueue.jobs;
         DROP TRIGGER IF EXISTS jobs_drr_insert ON pgqueue.jobs;

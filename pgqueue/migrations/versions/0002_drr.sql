@@ -147,164 +147,22 @@ BEGIN
 END
 $$;
 
--- ---------------------------------------------------------------------------- DRR steps
--- These run only inside pgqueue.drr_dispatch, under its advisory lock. The tier's round state
--- (turn, tail, round) travels in INOUT parameters and is written once per claim.
-
--- The pair has no due job: it leaves the round with its deficit reset (idle tenants bank no
--- credit) and waits until its next job is due; with nothing queued the row goes. A due job
--- that someone else holds locked is looked at again a second later.
-CREATE FUNCTION pgqueue.drr_leave(p_tier pgqueue.tier, p_tenant text)
-RETURNS void
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    next_due timestamptz;
-BEGIN
-    SELECT j.run_at INTO next_due
-    FROM pgqueue.jobs j
-    WHERE j.tenant_id = p_tenant AND j.priority = p_tier AND j.state = 'queued'
-    ORDER BY j.run_at, j.id
-    LIMIT 1;
-    IF next_due IS NULL THEN
-        DELETE FROM pgqueue.deficits d WHERE d.tenant_id = p_tenant AND d.tier = p_tier;
-    ELSE
-        UPDATE pgqueue.deficits d
-        SET pos = NULL, deficit = 0,
-            due_at = CASE WHEN next_due > now() THEN next_due
-                          ELSE now() + interval '1 second' END
-        WHERE d.tenant_id = p_tenant AND d.tier = p_tier;
-    END IF;
-END
-$$;
-
--- Does the tier have a due job now? Probes pairs in round order, then the waiting ones; pairs
--- without a due job leave the round (so each is probed once until its work is due again).
-CREATE FUNCTION pgqueue.drr_tier_eligible(p_tier pgqueue.tier, INOUT turn_tenant text,
-                                          OUT eligible boolean)
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    p record;
-BEGIN
-    eligible := false;
-    FOR p IN
-        SELECT d.tenant_id FROM pgqueue.deficits d
-        WHERE d.tier = p_tier AND d.due_at <= now()
-        ORDER BY d.pos NULLS LAST
-    LOOP
-        PERFORM 1 FROM pgqueue.jobs j
-        WHERE j.tenant_id = p.tenant_id AND j.priority = p_tier AND j.state = 'queued'
-          AND j.run_at <= now()
-        ORDER BY j.run_at, j.id
-        LIMIT 1
-        FOR UPDATE SKIP LOCKED;
-        IF FOUND THEN
-            eligible := true;
-            RETURN;
-        END IF;
-        PERFORM pgqueue.drr_leave(p_tier, p.tenant_id);
-        IF p.tenant_id = turn_tenant THEN
-            turn_tenant := NULL;
-        END IF;
-    END LOOP;
-END
-$$;
-
--- One DrrScheduler.next() of the tier: the job to serve, and whether it was the tenant's last
--- due job (the caller then takes the job and calls drr_leave, which must see it gone). With
--- p_absorb, waiting pairs that are due first join the tail of the round sorted by
--- (refill offset, tenant id): the staggered refill order.
-CREATE FUNCTION pgqueue.drr_next(p_tier pgqueue.tier, p_base double precision,
-                                 p_absorb boolean,
-                                 INOUT turn_tenant text, INOUT next_pos bigint,
-                                 INOUT round bigint, INOUT round_end_pos bigint,
-                                 OUT tenant_id text, OUT job_id bigint,
-                                 OUT cost double precision, OUT emptied boolean)
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    p record;
-    h record;
-    joined bigint;
-BEGIN
-    IF p_absorb THEN
-        WITH waiting AS (
-            SELECT d.tenant_id,
-                   row_number() OVER (ORDER BY d.refill_offset, d.tenant_id COLLATE "C") AS rn
-            FROM pgqueue.deficits d
-            WHERE d.tier = p_tier AND d.pos IS NULL AND d.due_at <= now()
-        )
-        UPDATE pgqueue.deficits d
-        SET pos = drr_next.next_pos + w.rn - 1
-        FROM waiting w
-        WHERE d.tier = p_tier AND d.tenant_id = w.tenant_id;
-        GET DIAGNOSTICS joined = ROW_COUNT;
-        next_pos := next_pos + joined;
-    END IF;
-    LOOP
-        SELECT d.tenant_id, d.deficit, d.pos,
-               pgqueue.plan_quantum(t.plan, t.quantum, p_base) AS quantum
-        INTO p
-        FROM pgqueue.deficits d
-        LEFT JOIN pgqueue.tenants t ON t.tenant_id = d.tenant_id
-        WHERE d.tier = p_tier AND d.pos IS NOT NULL
-        ORDER BY d.pos
-        LIMIT 1;
-        EXIT WHEN NOT FOUND;
-        IF turn_tenant IS DISTINCT FROM p.tenant_id THEN  -- its turn begins: one quantum
-            IF p.pos > round_end_pos THEN
-                round := round + 1;
-                round_end_pos := next_pos - 1;
-            END IF;
-            turn_tenant := p.tenant_id;
-            p.deficit := p.deficit + p.quantum;
-        END IF;
-        SELECT j.id, j.cost, j.run_at INTO h
-        FROM pgqueue.jobs j
-        WHERE j.tenant_id = p.tenant_id AND j.priority = p_tier AND j.state = 'queued'
-          AND j.run_at <= now()
-        ORDER BY j.run_at, j.id
-        LIMIT 1
-        FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
-            PERFORM pgqueue.drr_leave(p_tier, p.tenant_id);
-            turn_tenant := NULL;
-            CONTINUE;
-        END IF;
-        IF h.cost <= p.deficit THEN
-            tenant_id := p.tenant_id;
-            job_id := h.id;
-            cost := h.cost;
-            UPDATE pgqueue.deficits d SET deficit = p.deficit - h.cost
-            WHERE d.tenant_id = p.tenant_id AND d.tier = p_tier;
-            PERFORM 1 FROM pgqueue.jobs j
-            WHERE j.tenant_id = p.tenant_id AND j.priority = p_tier AND j.state = 'queued'
-              AND j.run_at <= now() AND (j.run_at, j.id) > (h.run_at, h.id)
-            ORDER BY j.run_at, j.id
-            LIMIT 1;
-            emptied := NOT FOUND;
-            IF emptied THEN
-                turn_tenant := NULL;
-            END IF;
-            RETURN;
-        END IF;
-        -- The head costs more than the credit left: the turn ends, the deficit carries over.
-        UPDATE pgqueue.deficits d SET deficit = p.deficit, pos = drr_next.next_pos
-        WHERE d.tenant_id = p.tenant_id AND d.tier = p_tier;
-        next_pos := next_pos + 1;
-        turn_tenant := NULL;
-    END LOOP;
-END
-$$;
-
 -- ------------------------------------------------------------------------------- claim
 
 -- Decide and take up to max_jobs jobs, one dispatch at a time exactly as max_jobs single-job
--- claims would: tier pick (pgqueue.tier_policy), then DRR within the tier; the deficits and
--- the tier state are written in this transaction. A transaction-scoped advisory lock
--- serialises the decisions of concurrent claimers (held for the milliseconds of one batch).
--- Must run in READ COMMITTED, so that each statement sees what the previous claim committed.
+-- claims would: tier pick (pgqueue.tier_policy), then DRR within the tier
+-- (pgqueue.scheduling.drr.DrrScheduler.next); the deficits and the tier state are written in
+-- this transaction. A transaction-scoped advisory lock serialises the decisions of concurrent
+-- claimers (held for the milliseconds of one batch). Must run in READ COMMITTED, so that each
+-- claim sees what the previous one committed.
+--
+-- Cost per dispatch (docs/drr.md): the state of the round head of each tier (tenant, deficit,
+-- quantum) and a buffer of its next due jobs live in variables, so a dispatch that continues a
+-- tenant's turn runs no statement at all. Statements run per turn (load the round head, fetch
+-- its due heads with one LIMIT, write its deficit and new place when it moves to the tail) and
+-- per batch (lock, inbox, one UPDATE of all the taken jobs, deficits and tier state). Jobs
+-- taken earlier in the batch are still 'queued' to this transaction's later statements, so
+-- every lookup of a tenant's queue excludes them (`picked`).
 CREATE FUNCTION pgqueue.drr_dispatch(max_jobs integer, worker_id text,
                                      lease_seconds double precision)
 RETURNS TABLE (claim_tier pgqueue.tier, claim_round bigint, claimed pgqueue.jobs)
@@ -314,6 +172,8 @@ DECLARE
     tiers constant pgqueue.tier[] := '{critical,standard,batch}';
     policy constant text := pgqueue.tier_policy();
     base constant double precision := pgqueue.base_quantum();
+    stride constant integer := greatest(coalesce(max_jobs, 0), 0) + 2;  -- buffer slots/tier
+    -- tier_state, one element per tier
     weight double precision[] := '{0,0,0}';
     cur double precision[] := '{0,0,0}';
     turn text[] := '{NULL,NULL,NULL}';
@@ -321,15 +181,58 @@ DECLARE
     rnd bigint[] := '{0,0,0}';
     rend bigint[] := '{0,0,0}';
     elig boolean[] := '{f,f,f}';
-    absorb boolean[];
+    absorb boolean[] := '{f,f,f}';
+    recheck boolean[] := '{f,f,f}';     -- eligibility to be decided before the next pick
+    -- the tier's round head (its pair with the lowest pos), once loaded: tenant, deficit
+    -- (`hdirty`: not yet written to pgqueue.deficits), quantum, pos
+    ht text[] := '{NULL,NULL,NULL}';
+    hdef double precision[] := '{0,0,0}';
+    hq double precision[] := '{0,0,0}';
+    hpos bigint[] := '{0,0,0}';
+    hdirty boolean[] := '{f,f,f}';
+    -- per tier, a buffer of tenant bt's next due jobs, locked, in (run_at, id) order: slots
+    -- (i-1)*stride+1 .. (i-1)*stride+bn[i], next unused bat[i]; bdone: nothing due after them
+    bt text[] := '{NULL,NULL,NULL}';
+    bn integer[] := '{0,0,0}';
+    bat integer[] := '{1,1,1}';
+    bdone boolean[] := '{f,f,f}';
+    b_id bigint[] := array_fill(NULL::bigint, ARRAY[3 * stride]);
+    b_cost double precision[] := array_fill(NULL::double precision, ARRAY[3 * stride]);
+    b_run timestamptz[] := array_fill(NULL::timestamptz, ARRAY[3 * stride]);
+    f_id bigint[];
+    f_cost double precision[];
+    f_run timestamptz[];
+    -- the dispatches of this batch, in order
+    picked bigint[] := '{}';
+    pk_tenant text[] := '{}';
+    pk_tier pgqueue.tier[] := '{}';
+    pk_round bigint[] := '{}';
+    pk_at timestamptz[] := '{}';
+    last_at timestamptz := '-infinity';
     taken integer := 0;
     repaired boolean := false;
+    served boolean;
     i integer;
+    b integer;
+    k integer;
+    n integer;
+    off integer;
+    lim integer;
     best integer;
     total double precision;
+    t text;
+    rot_t text;                          -- a pair to move to the tail: tenant, deficit, pos
+    rot_def double precision;
+    rot_pos bigint;
+    tr pgqueue.tier;                     -- the tier at hand (a plain parameter for the planner)
+    t_def double precision;
+    t_q double precision;
+    t_pos bigint;
+    joined bigint;
+    next_due timestamptz;
+    a_run timestamptz;
+    a_id bigint;
     s record;
-    e record;
-    nx record;
     orphan record;
 BEGIN
     IF max_jobs IS NULL OR max_jobs < 0 THEN
@@ -354,20 +257,176 @@ BEGIN
         ON CONFLICT (tenant_id, tier) DO UPDATE SET due_at = '-infinity'
         WHERE d.pos IS NULL;
 
-        absorb := '{f,f,f}';
-        FOR s IN
-            SELECT DISTINCT d.tier FROM pgqueue.deficits d
-            WHERE d.pos IS NULL AND d.due_at <= now()
-        LOOP
-            absorb[array_position(tiers, s.tier)] := true;
-        END LOOP;
-        FOR i IN 1 .. 3 LOOP
-            SELECT * INTO e FROM pgqueue.drr_tier_eligible(tiers[i], turn[i]);
-            elig[i] := e.eligible;
-            turn[i] := e.turn_tenant;
-        END LOOP;
+        -- Tiers with waiting pairs that are due: they join the round at the tier's next dispatch.
+        SELECT ARRAY[EXISTS (SELECT 1 FROM pgqueue.deficits d WHERE d.tier = 'critical'
+                               AND d.pos IS NULL AND d.due_at <= now()),
+                     EXISTS (SELECT 1 FROM pgqueue.deficits d WHERE d.tier = 'standard'
+                               AND d.pos IS NULL AND d.due_at <= now()),
+                     EXISTS (SELECT 1 FROM pgqueue.deficits d WHERE d.tier = 'batch'
+                               AND d.pos IS NULL AND d.due_at <= now())]
+        INTO absorb;
+        recheck := '{t,t,t}';
 
-        WHILE taken < max_jobs LOOP
+        LOOP
+            -- Eligibility (does the tier have a due job now?), where it may have changed: probe
+            -- the round head, then the due waiting pairs; a pair without a due job leaves the
+            -- round (so each is probed once until its work is due again). The probe fills the
+            -- tier's buffer, which the next dispatch of the tier then uses.
+            FOR i IN 1 .. 3 LOOP
+                CONTINUE WHEN NOT recheck[i];
+                recheck[i] := false;
+                tr := tiers[i];
+                elig[i] := false;
+                off := (i - 1) * stride;
+                LOOP
+                    IF ht[i] IS NULL THEN
+                        -- Load the round head (after moving a pair to the tail, if one is pending) and
+                        -- fetch its next due jobs into the buffer, in one statement.
+                        WITH rotated AS (
+                            UPDATE pgqueue.deficits d SET deficit = rot_def, pos = rot_pos
+                            WHERE d.tenant_id = rot_t AND d.tier = tr
+                            RETURNING d.tenant_id, d.deficit, d.pos
+                        ), head AS (
+                            SELECT h.tenant_id, h.deficit, h.pos
+                            FROM ((SELECT d.tenant_id, d.deficit, d.pos FROM pgqueue.deficits d
+                                   WHERE d.tier = tr AND d.pos IS NOT NULL
+                                     AND d.tenant_id IS DISTINCT FROM rot_t
+                                   ORDER BY d.pos
+                                   LIMIT 1)
+                                  UNION ALL
+                                  SELECT r.tenant_id, r.deficit, r.pos FROM rotated r) h
+                            ORDER BY h.pos
+                            LIMIT 1
+                        )
+                        SELECT head.tenant_id, head.deficit, head.pos, q.quantum, l.lim, f.ids, f.costs, f.runs
+                        INTO t, t_def, t_pos, t_q, lim, f_id, f_cost, f_run
+                        FROM head
+                        LEFT JOIN pgqueue.tenants tn ON tn.tenant_id = head.tenant_id
+                        CROSS JOIN LATERAL (
+                            SELECT pgqueue.plan_quantum(tn.plan, tn.quantum, base) AS quantum) q
+                        CROSS JOIN LATERAL (  -- at most floor(credit) jobs (cost >= 1) fit in its turn
+                            SELECT least((max_jobs - taken)::double precision,
+                                         floor(head.deficit + CASE WHEN head.tenant_id = turn[i] THEN 0
+                                                                   ELSE q.quantum END))::integer + 1 AS lim) l
+                        CROSS JOIN LATERAL (
+                            SELECT array_agg(y.id ORDER BY y.run_at, y.id) AS ids,
+                                   array_agg(y.cost ORDER BY y.run_at, y.id) AS costs,
+                                   array_agg(y.run_at ORDER BY y.run_at, y.id) AS runs
+                            FROM (SELECT j.id, j.cost, j.run_at FROM pgqueue.jobs j
+                                  WHERE j.tenant_id = head.tenant_id AND j.priority = tr
+                                    AND j.state = 'queued' AND j.run_at <= now()
+                                    AND (j.tenant_id, j.priority, j.run_at, j.id)
+                                        > (head.tenant_id, tr, '-infinity'::timestamptz, -9223372036854775808)
+                                    AND j.id <> ALL (picked)
+                                  ORDER BY j.run_at, j.id
+                                  LIMIT l.lim
+                                  FOR UPDATE SKIP LOCKED) y) f;
+                        rot_t := NULL;
+                        IF FOUND THEN
+                            ht[i] := t;
+                            hdef[i] := t_def;
+                            hq[i] := t_q;
+                            hpos[i] := t_pos;
+                            hdirty[i] := false;
+                            n := coalesce(array_length(f_id, 1), 0);
+                            IF n > 0 THEN
+                                b_id[off + 1 : off + n] := f_id;
+                                b_cost[off + 1 : off + n] := f_cost;
+                                b_run[off + 1 : off + n] := f_run;
+                            END IF;
+                            bt[i] := t;
+                            bn[i] := n;
+                            bat[i] := 1;
+                            bdone[i] := n < lim;
+                        END IF;
+                    END IF;
+                    IF ht[i] IS NOT NULL THEN
+                        t := ht[i];
+                        -- at most floor(credit) jobs (cost >= 1) fit in its turn
+                        lim := least((max_jobs - taken)::double precision,
+                                     floor(hdef[i] + CASE WHEN turn[i] = t THEN 0
+                                                          ELSE hq[i] END))::integer + 1;
+                    ELSE
+                        SELECT d.tenant_id, pgqueue.plan_quantum(tn.plan, tn.quantum, base)
+                        INTO t, t_q
+                        FROM pgqueue.deficits d
+                        LEFT JOIN pgqueue.tenants tn ON tn.tenant_id = d.tenant_id
+                        WHERE d.tier = tr AND d.pos IS NULL AND d.due_at <= now()
+                        LIMIT 1;
+                        EXIT WHEN NOT FOUND;
+                        lim := least((max_jobs - taken)::double precision, floor(t_q))::integer + 1;
+                    END IF;
+                    -- the tenant's next due, unlocked job (from its buffer, else one LIMIT)
+                    IF bt[i] IS DISTINCT FROM t THEN
+                        bt[i] := t;
+                        bn[i] := 0;
+                        bat[i] := 1;
+                        bdone[i] := false;
+                    END IF;
+                    IF bat[i] > bn[i] AND NOT bdone[i] THEN
+                        IF bn[i] = 0 THEN
+                            a_run := '-infinity';
+                            a_id := -9223372036854775808;
+                        ELSE
+                            a_run := b_run[off + bn[i]];
+                            a_id := b_id[off + bn[i]];
+                        END IF;
+                        SELECT array_agg(x.id ORDER BY x.run_at, x.id),
+                               array_agg(x.cost ORDER BY x.run_at, x.id),
+                               array_agg(x.run_at ORDER BY x.run_at, x.id)
+                        INTO f_id, f_cost, f_run
+                        FROM (SELECT j.id, j.cost, j.run_at FROM pgqueue.jobs j
+                              WHERE j.tenant_id = t AND j.priority = tr
+                                AND j.state = 'queued' AND j.run_at <= now()
+                                AND (j.tenant_id, j.priority, j.run_at, j.id) > (t, tr, a_run, a_id)
+                                AND j.id <> ALL (picked)
+                              ORDER BY j.run_at, j.id
+                              LIMIT lim
+                              FOR UPDATE SKIP LOCKED) x;
+                        n := coalesce(array_length(f_id, 1), 0);
+                        IF n > 0 THEN
+                            b_id[off + 1 : off + n] := f_id;
+                            b_cost[off + 1 : off + n] := f_cost;
+                            b_run[off + 1 : off + n] := f_run;
+                        END IF;
+                        bn[i] := n;
+                        bat[i] := 1;
+                        bdone[i] := n < lim;
+                    END IF;
+                    IF bat[i] <= bn[i] THEN
+                        elig[i] := true;
+                        EXIT;
+                    END IF;
+                    -- No due job: the pair leaves the round with its deficit reset (idle tenants
+                    -- bank no credit) and waits until its next job is due; with nothing queued
+                    -- the row goes. A due job that someone else holds locked is looked at again
+                    -- a second later.
+                    SELECT j.run_at INTO next_due
+                    FROM pgqueue.jobs j
+                    WHERE j.tenant_id = t AND j.priority = tr AND j.state = 'queued'
+                      AND j.id <> ALL (picked)
+                    ORDER BY j.run_at, j.id
+                    LIMIT 1;
+                    IF next_due IS NULL THEN
+                        DELETE FROM pgqueue.deficits d WHERE d.tenant_id = t AND d.tier = tr;
+                    ELSE
+                        UPDATE pgqueue.deficits d
+                        SET pos = NULL, deficit = 0,
+                            due_at = CASE WHEN next_due > now() THEN next_due
+                                          ELSE now() + interval '1 second' END
+                        WHERE d.tenant_id = t AND d.tier = tr;
+                    END IF;
+                    IF turn[i] = t THEN
+                        turn[i] := NULL;
+                    END IF;
+                    IF ht[i] = t THEN
+                        ht[i] := NULL;
+                        hdirty[i] := false;
+                    END IF;
+                END LOOP;
+            END LOOP;
+            EXIT WHEN taken >= max_jobs;
+
             -- Tier pick (pgqueue/scheduling/tiers.py), over the eligible tiers only.
             best := NULL;
             IF policy = 'strict' THEN
@@ -398,37 +457,193 @@ BEGIN
             END IF;
             EXIT WHEN best IS NULL;
 
-            SELECT * INTO nx
-            FROM pgqueue.drr_next(tiers[best], base, absorb[best], turn[best], npos[best],
-                                  rnd[best], rend[best]);
-            absorb[best] := false;
-            turn[best] := nx.turn_tenant;
-            npos[best] := nx.next_pos;
-            rnd[best] := nx.round;
-            rend[best] := nx.round_end_pos;
-            IF nx.job_id IS NULL THEN
-                elig[best] := false;
-                CONTINUE;
+            -- One DrrScheduler.next() of tier b. Due waiting pairs first join the tail of the
+            -- round sorted by (refill offset, tenant id): the staggered refill order.
+            b := best;
+            tr := tiers[b];
+            off := (b - 1) * stride;
+            IF absorb[b] THEN
+                WITH waiting AS (
+                    SELECT d.tenant_id,
+                           row_number() OVER (ORDER BY d.refill_offset,
+                                                       d.tenant_id COLLATE "C") AS rn
+                    FROM pgqueue.deficits d
+                    WHERE d.tier = tr AND d.pos IS NULL AND d.due_at <= now()
+                )
+                UPDATE pgqueue.deficits d
+                SET pos = npos[b] + w.rn - 1
+                FROM waiting w
+                WHERE d.tier = tr AND d.tenant_id = w.tenant_id;
+                GET DIAGNOSTICS joined = ROW_COUNT;
+                npos[b] := npos[b] + joined;
+                absorb[b] := false;
             END IF;
-            UPDATE pgqueue.jobs j
-            SET state = 'running',
-                attempts = j.attempts + 1,
-                started_at = clock_timestamp(),
-                worker_id = drr_dispatch.worker_id,
-                lease_token = gen_random_uuid(),
-                lease_expires_at = now() + make_interval(secs => lease_seconds)
-            WHERE j.id = nx.job_id AND j.tenant_id = nx.tenant_id
-            RETURNING j.* INTO claimed;
-            IF nx.emptied THEN
-                PERFORM pgqueue.drr_leave(tiers[best], nx.tenant_id);
-                SELECT * INTO e FROM pgqueue.drr_tier_eligible(tiers[best], turn[best]);
-                elig[best] := e.eligible;
-                turn[best] := e.turn_tenant;
+            served := false;
+            LOOP
+                IF ht[b] IS NULL THEN
+                    -- Load the round head (after moving a pair to the tail, if one is pending) and
+                    -- fetch its next due jobs into the buffer, in one statement.
+                    WITH rotated AS (
+                        UPDATE pgqueue.deficits d SET deficit = rot_def, pos = rot_pos
+                        WHERE d.tenant_id = rot_t AND d.tier = tr
+                        RETURNING d.tenant_id, d.deficit, d.pos
+                    ), head AS (
+                        SELECT h.tenant_id, h.deficit, h.pos
+                        FROM ((SELECT d.tenant_id, d.deficit, d.pos FROM pgqueue.deficits d
+                               WHERE d.tier = tr AND d.pos IS NOT NULL
+                                 AND d.tenant_id IS DISTINCT FROM rot_t
+                               ORDER BY d.pos
+                               LIMIT 1)
+                              UNION ALL
+                              SELECT r.tenant_id, r.deficit, r.pos FROM rotated r) h
+                        ORDER BY h.pos
+                        LIMIT 1
+                    )
+                    SELECT head.tenant_id, head.deficit, head.pos, q.quantum, l.lim, f.ids, f.costs, f.runs
+                    INTO t, t_def, t_pos, t_q, lim, f_id, f_cost, f_run
+                    FROM head
+                    LEFT JOIN pgqueue.tenants tn ON tn.tenant_id = head.tenant_id
+                    CROSS JOIN LATERAL (
+                        SELECT pgqueue.plan_quantum(tn.plan, tn.quantum, base) AS quantum) q
+                    CROSS JOIN LATERAL (  -- at most floor(credit) jobs (cost >= 1) fit in its turn
+                        SELECT least((max_jobs - taken)::double precision,
+                                     floor(head.deficit + CASE WHEN head.tenant_id = turn[b] THEN 0
+                                                               ELSE q.quantum END))::integer + 1 AS lim) l
+                    CROSS JOIN LATERAL (
+                        SELECT array_agg(y.id ORDER BY y.run_at, y.id) AS ids,
+                               array_agg(y.cost ORDER BY y.run_at, y.id) AS costs,
+                               array_agg(y.run_at ORDER BY y.run_at, y.id) AS runs
+                        FROM (SELECT j.id, j.cost, j.run_at FROM pgqueue.jobs j
+                              WHERE j.tenant_id = head.tenant_id AND j.priority = tr
+                                AND j.state = 'queued' AND j.run_at <= now()
+                                AND (j.tenant_id, j.priority, j.run_at, j.id)
+                                    > (head.tenant_id, tr, '-infinity'::timestamptz, -9223372036854775808)
+                                AND j.id <> ALL (picked)
+                              ORDER BY j.run_at, j.id
+                              LIMIT l.lim
+                              FOR UPDATE SKIP LOCKED) y) f;
+                    rot_t := NULL;
+                    EXIT WHEN NOT FOUND;
+                    ht[b] := t;
+                    hdef[b] := t_def;
+                    hq[b] := t_q;
+                    hpos[b] := t_pos;
+                    hdirty[b] := false;
+                    n := coalesce(array_length(f_id, 1), 0);
+                    IF n > 0 THEN
+                        b_id[off + 1 : off + n] := f_id;
+                        b_cost[off + 1 : off + n] := f_cost;
+                        b_run[off + 1 : off + n] := f_run;
+                    END IF;
+                    bt[b] := t;
+                    bn[b] := n;
+                    bat[b] := 1;
+                    bdone[b] := n < lim;
+                END IF;
+                t := ht[b];
+                IF turn[b] IS DISTINCT FROM t THEN  -- its turn begins: one quantum
+                    IF hpos[b] > rend[b] THEN
+                        rnd[b] := rnd[b] + 1;
+                        rend[b] := npos[b] - 1;
+                    END IF;
+                    turn[b] := t;
+                    hdef[b] := hdef[b] + hq[b];
+                    hdirty[b] := true;
+                END IF;
+                -- the tenant's next due, unlocked job (from its buffer, else one LIMIT)
+                IF bt[b] IS DISTINCT FROM t THEN
+                    bt[b] := t;
+                    bn[b] := 0;
+                    bat[b] := 1;
+                    bdone[b] := false;
+                END IF;
+                IF bat[b] > bn[b] AND NOT bdone[b] THEN
+                    IF bn[b] = 0 THEN
+                        a_run := '-infinity';
+                        a_id := -9223372036854775808;
+                    ELSE
+                        a_run := b_run[off + bn[b]];
+                        a_id := b_id[off + bn[b]];
+                    END IF;
+                    lim := least((max_jobs - taken)::double precision, floor(hdef[b]))::integer + 1;
+                    SELECT array_agg(x.id ORDER BY x.run_at, x.id),
+                           array_agg(x.cost ORDER BY x.run_at, x.id),
+                           array_agg(x.run_at ORDER BY x.run_at, x.id)
+                    INTO f_id, f_cost, f_run
+                    FROM (SELECT j.id, j.cost, j.run_at FROM pgqueue.jobs j
+                          WHERE j.tenant_id = t AND j.priority = tr
+                            AND j.state = 'queued' AND j.run_at <= now()
+                            AND (j.tenant_id, j.priority, j.run_at, j.id) > (t, tr, a_run, a_id)
+                            AND j.id <> ALL (picked)
+                          ORDER BY j.run_at, j.id
+                          LIMIT lim
+                          FOR UPDATE SKIP LOCKED) x;
+                    n := coalesce(array_length(f_id, 1), 0);
+                    IF n > 0 THEN
+                        b_id[off + 1 : off + n] := f_id;
+                        b_cost[off + 1 : off + n] := f_cost;
+                        b_run[off + 1 : off + n] := f_run;
+                    END IF;
+                    bn[b] := n;
+                    bat[b] := 1;
+                    bdone[b] := n < lim;
+                END IF;
+                IF bat[b] > bn[b] THEN
+                    -- nothing due (or all locked by others): the pair leaves the round
+                    SELECT j.run_at INTO next_due
+                    FROM pgqueue.jobs j
+                    WHERE j.tenant_id = t AND j.priority = tr AND j.state = 'queued'
+                      AND j.id <> ALL (picked)
+                    ORDER BY j.run_at, j.id
+                    LIMIT 1;
+                    IF next_due IS NULL THEN
+                        DELETE FROM pgqueue.deficits d WHERE d.tenant_id = t AND d.tier = tr;
+                    ELSE
+                        UPDATE pgqueue.deficits d
+                        SET pos = NULL, deficit = 0,
+                            due_at = CASE WHEN next_due > now() THEN next_due
+                                          ELSE now() + interval '1 second' END
+                        WHERE d.tenant_id = t AND d.tier = tr;
+                    END IF;
+                    turn[b] := NULL;
+                    ht[b] := NULL;
+                    hdirty[b] := false;
+                    CONTINUE;
+                END IF;
+                k := off + bat[b];
+                IF b_cost[k] <= hdef[b] THEN
+                    hdef[b] := hdef[b] - b_cost[k];
+                    hdirty[b] := true;
+                    bat[b] := bat[b] + 1;
+                    taken := taken + 1;
+                    picked[taken] := b_id[k];
+                    pk_tenant[taken] := t;
+                    pk_tier[taken] := tr;
+                    pk_round[taken] := rnd[b];
+                    -- started_at orders dispatches globally (strictly increasing)
+                    last_at := greatest(clock_timestamp(), last_at + interval '1 microsecond');
+                    pk_at[taken] := last_at;
+                    served := true;
+                    EXIT;
+                END IF;
+                -- The head costs more than the credit left: the turn ends, the deficit carries
+                -- over, and the pair moves to the tail of the round.
+                -- (written by the next load of the round head, just below)
+                rot_t := t;
+                rot_def := hdef[b];
+                rot_pos := npos[b];
+                npos[b] := npos[b] + 1;
+                turn[b] := NULL;
+                ht[b] := NULL;
+                hdirty[b] := false;
+            END LOOP;
+            IF NOT served THEN
+                elig[b] := false;
+            ELSIF bat[b] > bn[b] THEN
+                -- its buffer is used up: did its queue empty? (it leaves, the tier may not be
+                -- eligible any more)
+                recheck[b] := true;
             END IF;
-            claim_tier := tiers[best];
-            claim_round := rnd[best];
-            taken := taken + 1;
-            RETURN NEXT;
         END LOOP;
         -- Work-conserving safety net: nothing taken, yet a due job exists (its pair was lost,
         -- e.g. rows written with triggers disabled): note its pair and decide once more.
@@ -443,16 +658,44 @@ BEGIN
         INSERT INTO pgqueue.drr_inbox (tier, tenant_id) VALUES (orphan.priority, orphan.tenant_id);
         repaired := true;
     END LOOP;
-    UPDATE pgqueue.tier_state ts
-    SET swrr_current = cur[array_position(tiers, ts.tier)],
-        turn_tenant = turn[array_position(tiers, ts.tier)],
-        next_pos = npos[array_position(tiers, ts.tier)],
-        round = rnd[array_position(tiers, ts.tier)],
-        round_end_pos = rend[array_position(tiers, ts.tier)];
+    -- One statement: the deficits of the turns still in progress, the tier state, and the
+    -- jobs taken (started_at = the moment of each dispatch), returned in dispatch order.
+    RETURN QUERY
+    WITH flushed AS (
+        UPDATE pgqueue.deficits d SET deficit = u.deficit
+        FROM unnest(ht, tiers, hdef, hdirty) AS u(tenant_id, tier, deficit, dirty)
+        WHERE u.dirty AND d.tenant_id = u.tenant_id AND d.tier = u.tier
+    ), saved AS (
+        UPDATE pgqueue.tier_state ts
+        SET swrr_current = cur[array_position(tiers, ts.tier)],
+            turn_tenant = turn[array_position(tiers, ts.tier)],
+            next_pos = npos[array_position(tiers, ts.tier)],
+            round = rnd[array_position(tiers, ts.tier)],
+            round_end_pos = rend[array_position(tiers, ts.tier)]
+    ), taking AS (
+        SELECT u.id, u.tenant_id, u.tier, u.round, u.at, u.ord
+        FROM unnest(picked, pk_tenant, pk_tier, pk_round, pk_at)
+             WITH ORDINALITY AS u(id, tenant_id, tier, round, at, ord)
+    ), took AS (
+        UPDATE pgqueue.jobs j
+        SET state = 'running',
+            attempts = j.attempts + 1,
+            started_at = x.at,
+            worker_id = drr_dispatch.worker_id,
+            lease_token = gen_random_uuid(),
+            lease_expires_at = now() + make_interval(secs => lease_seconds)
+        FROM taking x
+        WHERE j.id = x.id AND j.tenant_id = x.tenant_id
+        RETURNING x.ord, x.tier, x.round, j
+    )
+    SELECT took.tier, took.round, took.j FROM took ORDER BY took.ord;
 END
 $$;
+-- Its statements' plans do not depend on parameter values (index probes by key), and custom
+-- plans would be re-planned at every call.
+ALTER FUNCTION pgqueue.drr_dispatch(integer, text, double precision)
+    SET plan_cache_mode = force_generic_plan;
 
--- The claim: up to max_jobs jobs, leased to worker_id for lease_seconds, in dispatch order.
 CREATE FUNCTION pgqueue.claim(max_jobs integer, worker_id text,
                               lease_seconds double precision)
 RETURNS SETOF pgqueue.jobs
