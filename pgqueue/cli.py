@@ -33,6 +33,8 @@ app = typer.Typer(
 )
 tenants_app = typer.Typer(help="List and configure tenants (plan, quantum, daily budget).")
 app.add_typer(tenants_app, name="tenants")
+limits_app = typer.Typer(help="The provider's rate limits per model, shared by all workers.")
+app.add_typer(limits_app, name="limits")
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 
@@ -381,6 +383,51 @@ def tenants_set(
     console.print(row)
 
 
+@limits_app.command("list")
+@cli_errors
+def limits_list(dsn: DsnOption = None) -> None:
+    """Per model: limits per minute, what is available now, cooldown, estimate ratio."""
+    from pgqueue.db import queries
+
+    with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
+        rows = queries.run(conn, "ratelimit_list")
+    table = Table(title="Provider rate limits (per minute; available now)")
+    for col in ("model", "requests", "input tokens", "output tokens", "cooldown", "est. ratio"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    for r in rows:
+        table.add_row(
+            r["model"],
+            f"{r['requests_available']:.0f} / {r['requests_per_minute']:.0f}",
+            f"{r['input_tokens_available']:.0f} / {r['input_tokens_per_minute']:.0f}",
+            f"{r['output_tokens_available']:.0f} / {r['output_tokens_per_minute']:.0f}",
+            str(r["cooldown_until"]) if r["cooling_down"] else "",
+            f"{r['input_estimate_ratio']:.2f}",
+        )
+    console.print(table)
+
+
+@limits_app.command("set")
+@cli_errors
+def limits_set(
+    model: str,
+    rpm: Annotated[float, typer.Option(min=1, max=1e9, help="Requests per minute.")] = 50,
+    itpm: Annotated[float, typer.Option(min=1, max=1e12, help="Input tokens per minute.")] = 40_000,
+    otpm: Annotated[float, typer.Option(min=1, max=1e12, help="Output tokens per minute.")] = 8_000,
+    dsn: DsnOption = None,
+) -> None:
+    """Set a model's limits (the provider's answer headers correct them later)."""
+    from pgqueue.db import queries
+    from pgqueue.errors import InvalidArgument
+
+    if not model or len(model) > 256 or "\x00" in model:
+        raise InvalidArgument("model must be 1 to 256 characters")
+    with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
+        row = queries.run(
+            conn, "ratelimit_set", {"model": model, "rpm": rpm, "itpm": itpm, "otpm": otpm}
+        )
+    console.print(row)
+
+
 @app.command()
 @cli_errors
 def retry(
@@ -469,18 +516,51 @@ def replay(
         Path | None, typer.Argument(help="CSV trace; default: the bundled Azure trace.")
     ] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Replay the first N requests.")] = 1000,
-    speedup: Annotated[float, typer.Option(help="Replay this many times faster.")] = 1.0,
+    speedup: Annotated[float, typer.Option(min=0.01, help="Replay this many times faster.")] = 1.0,
     tenants: Annotated[int, typer.Option(min=1, help="Tenants (t00 is the runaway).")] = 8,
     seed: int = 0,
+    against_sandbox: Annotated[
+        bool,
+        typer.Option(
+            help="Also start the sandbox API and workers (in a database of their own) and "
+            "report latency, 429s, re-occurrence and quota use."
+        ),
+    ] = False,
+    rate_scale: Annotated[
+        float,
+        typer.Option(min=0.01, help="With --against-sandbox: limits × 50 RPM/40k ITPM/8k OTPM."),
+    ] = 1.0,
+    concurrency: Annotated[int, typer.Option(min=1, help="With --against-sandbox.")] = 16,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     dsn: DsnOption = None,
 ) -> None:
-    """Enqueue a real trace at its recorded arrival times (run `pgqueue work` beside it)."""
+    """Enqueue a real trace at its recorded arrival times (run `pgqueue work` beside it), or
+    measure the whole path against the sandbox with --against-sandbox."""
     from pgqueue.replay import replay_plan
     from pgqueue.trace import load_trace, plan_replay, summarize_plan
 
     settings = _settings()
-    plan = plan_replay(load_trace(trace, limit=limit), tenants=tenants, speedup=speedup, seed=seed)
     target = _dsn(settings, dsn)
+    if against_sandbox:
+        from pgqueue.demo import DemoOptions, run_demo
+        from pgqueue.observability.report import render_run_report
+
+        options = DemoOptions(
+            requests=limit or 1000,
+            speedup=speedup,
+            concurrency=concurrency,
+            rate_scale=rate_scale,
+            tenants=tenants,
+            seed=seed,
+            trace=trace,
+        )
+        report = run_demo(target, settings, options)
+        if as_json:
+            sys.stdout.write(json.dumps(report, default=str) + "\n")
+        else:
+            render_run_report(report, console, title="Replay")
+        return
+    plan = plan_replay(load_trace(trace, limit=limit), tenants=tenants, speedup=speedup, seed=seed)
     span = plan[-1].at_seconds if plan else 0.0
     console.print(f"replaying {len(plan)} requests over {span:.1f} s")
     stats = asyncio.run(replay_plan(target, plan, settings))

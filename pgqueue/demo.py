@@ -13,6 +13,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -31,9 +32,10 @@ log = logging.getLogger("pgqueue.demo")
 
 @dataclass(frozen=True, slots=True)
 class DemoOptions:
-    """Size of the demo: ``requests`` from the trace, replayed ``speedup`` × faster, with
-    ``concurrency`` jobs in flight and sandbox limits ``rate_scale`` × the defaults; each
-    output token takes ``seconds_per_output_token`` to "generate"."""
+    """Size of the demo: ``requests`` from the trace (``trace``: a CSV path, None for the
+    bundled one), replayed ``speedup`` × faster, with ``concurrency`` jobs in flight and the
+    provider's limits (sandbox and shared limiter alike) at ``rate_scale`` × the defaults
+    50 RPM / 40k ITPM / 8k OTPM; each output token takes ``seconds_per_output_token``."""
 
     requests: int = 400
     speedup: float = 10.0
@@ -42,14 +44,17 @@ class DemoOptions:
     seconds_per_output_token: float = 0.002
     tenants: int = 8
     seed: int = 0
+    trace: Path | None = None
+    model: str = "claude-haiku-4-5"
 
 
 async def _run(dsn: str, settings: Settings, options: DemoOptions, since: datetime) -> ReplayStats:
     plan = plan_replay(
-        load_trace(limit=options.requests),
+        load_trace(options.trace, limit=options.requests),
         tenants=options.tenants,
         speedup=options.speedup,
         seed=options.seed,
+        model=options.model,
     )
     worker = Worker(dsn, settings, concurrency=options.concurrency, seed=options.seed)
     work = asyncio.create_task(worker.run(install_signal_handlers=False))
@@ -88,10 +93,78 @@ def demo_database(dsn: str) -> str:
     return make_conninfo(dsn, dbname=DEMO_DATABASE)
 
 
+def quota_use(
+    sends: list[tuple[float, float, float]], limits: tuple[float, float, float]
+) -> dict[str, Any]:
+    """How much of the provider's quota a backlogged run used.
+
+    ``sends`` are (time in seconds, input tokens, output tokens) of the requests the provider
+    admitted, ``limits`` the per-minute limits (requests, input tokens, output tokens). Over
+    the window from the first to the last send (T seconds), a token bucket admits at most
+    ``capacity + capacity / 60 × T`` (a full bucket, then its refill), so use = sent / that;
+    1.0 means not a token of quota was left unused. Returns the window and the use per
+    quantity; the binding quantity is the largest.
+    """
+    if len(sends) < 2:
+        return {
+            "window_seconds": 0.0,
+            "requests": None,
+            "input_tokens": None,
+            "output_tokens": None,
+        }
+    times = sorted(t for t, _i, _o in sends)
+    window = times[-1] - times[0]
+    sent = (float(len(sends)), sum(i for _t, i, _o in sends), sum(o for _t, _i, o in sends))
+    use = [s / (cap + cap / 60.0 * window) for s, cap in zip(sent, limits, strict=True)]
+    return {
+        "window_seconds": window,
+        "requests": use[0],
+        "input_tokens": use[1],
+        "output_tokens": use[2],
+    }
+
+
+def _backpressure(
+    conn: psycopg.Connection[Any],
+    since: datetime,
+    stats: dict[str, Any],
+    limits: tuple[float, float, float],
+) -> dict[str, Any]:
+    rows = queries.run(conn, "report_backpressure_jobs", {"since": since})
+    retried = sum(r["throttle_retries"] for r in rows)
+    again = sum(max(0, r["throttle_retries"] - 1) for r in rows)
+    sends = [
+        (float(r["started_epoch"]), float(r["input_tokens"] or 0), float(r["output_tokens"] or 0))
+        for r in rows
+        if r["state"] == "succeeded"
+    ]
+    requests = int(stats.get("requests", 0))
+    throttled = int(stats.get("429", 0)) + int(stats.get("529", 0))
+    return {
+        "requests": requests,
+        "http_429": int(stats.get("429", 0)),
+        "http_529": int(stats.get("529", 0)),
+        "share_429": (throttled / requests) if requests else 0.0,
+        "reoccurrence": (again / retried) if retried else 0.0,
+        "quota_use": quota_use(sends, limits),
+    }
+
+
+def _sandbox_stats(base_url: str) -> dict[str, Any]:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"{base_url}/_sandbox/stats", timeout=10) as answer:
+        data: dict[str, Any] = json.loads(answer.read())
+    return data
+
+
 def run_demo(
     server_dsn: str, settings: Settings, options: DemoOptions | None = None
 ) -> dict[str, Any]:
-    """Create the demo database, migrate, start the sandbox, replay, work; return the report.
+    """Create the demo database, migrate, start the sandbox, replay, work; return the report:
+    per tier latency, per tenant work, and backpressure (requests, 429 share, re-occurrence,
+    quota use).
 
     Raises:
         psycopg.Error: the database failed; EmbeddedPostgresError is raised earlier by the
@@ -101,13 +174,21 @@ def run_demo(
     dsn = demo_database(server_dsn)
     migrate.upgrade(dsn)
     scale = opts.rate_scale
+    limits = (50 * scale, 40_000 * scale, 8_000 * scale)
     sandbox = SandboxConfig(
-        requests_per_minute=round(50 * scale),
-        input_tokens_per_minute=round(40_000 * scale),
-        output_tokens_per_minute=round(8_000 * scale),
+        requests_per_minute=round(limits[0]),
+        input_tokens_per_minute=round(limits[1]),
+        output_tokens_per_minute=round(limits[2]),
         seconds_per_output_token=opts.seconds_per_output_token,
         seed=opts.seed,
     )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        since = queries.run(conn, "db_now")["now"]
+        queries.run(
+            conn,
+            "ratelimit_set",
+            {"model": opts.model, "rpm": limits[0], "itpm": limits[1], "otpm": limits[2]},
+        )
     with running_sandbox(sandbox) as base_url:
         demo_settings = settings.model_copy(
             update={
@@ -116,14 +197,19 @@ def run_demo(
                 "poll_interval_seconds": min(settings.poll_interval_seconds, 0.5),
             }
         )
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            since = queries.run(conn, "db_now")["now"]
         replay_stats = asyncio.run(_run(dsn, demo_settings, opts, since))
+        stats = _sandbox_stats(base_url)
         with psycopg.connect(dsn, autocommit=True) as conn:
             report = collect_run_report(conn, since)
+            report["backpressure"] = _backpressure(conn, since, stats, limits)
     report["replay"] = {
         "jobs": replay_stats.jobs,
         "elapsed_seconds": replay_stats.elapsed_seconds,
         "speedup": opts.speedup,
+        "limits_per_minute": {
+            "requests": limits[0],
+            "input_tokens": limits[1],
+            "output_tokens": limits[2],
+        },
     }
     return report

@@ -108,6 +108,19 @@ def render_run_report(report: dict[str, Any], console: Console, title: str = "Ru
         f"Provider throttling: {t['http_429']} × 429, {t['http_529']} × 529 "
         f"(each rescheduled at retry-after × 1.2 ± 20 %)"
     )
+    bp = report.get("backpressure")
+    if bp:
+        use = bp["quota_use"]
+
+        def pct(x: float | None) -> str:
+            return "-" if x is None else f"{100 * x:.1f} %"
+
+        console.print(
+            f"Backpressure: {bp['requests']} requests, 429/529 share {pct(bp['share_429'])}, "
+            f"429 re-occurrence {pct(bp['reoccurrence'])}; quota used over "
+            f"{use['window_seconds']:.0f} s: requests {pct(use['requests'])}, input tokens "
+            f"{pct(use['input_tokens'])}, output tokens {pct(use['output_tokens'])}"
+        )
 
 
 def _render_latency(status: dict[str, Any], console: Console) -> None:

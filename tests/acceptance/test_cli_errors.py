@@ -157,3 +157,25 @@ def test_dsn_masks_a_password(monkeypatch):
     result = run("dsn")
     assert result.exit_code == 0
     assert "s3cret" not in result.stdout and "****" in result.stdout
+
+
+def test_limits_set_and_list(db_dsn):
+    assert (
+        run(
+            "limits",
+            "set",
+            "claude-x",
+            "--rpm",
+            "60",
+            "--itpm",
+            "1000",
+            "--otpm",
+            "500",
+            "--dsn",
+            db_dsn,
+        ).exit_code
+        == 0
+    )
+    listed = run("limits", "list", "--dsn", db_dsn)
+    assert listed.exit_code == 0 and "claude-x" in listed.stdout and "60 / 60" in listed.stdout
+    assert run("limits", "set", "claude-x", "--rpm", "0", "--dsn", db_dsn).exit_code == 2

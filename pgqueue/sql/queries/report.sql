@@ -86,3 +86,10 @@ FROM pgqueue.latency_slo_in(make_interval(secs => %(window_seconds)s))
 SELECT tier::text AS tier, tenants, jain_weighted, jain_unweighted
 FROM pgqueue.fairness_in(make_interval(secs => %(window_seconds)s))
 ORDER BY tier NULLS FIRST
+
+-- name: report_backpressure_jobs :many
+-- Jobs enqueued since a time: when their (last) request was sent, tokens, throttle retries.
+SELECT state::text AS state, extract(epoch FROM started_at)::double precision AS started_epoch,
+       input_tokens, output_tokens, throttle_retries
+FROM pgqueue.jobs
+WHERE enqueued_at >= %(since)s
