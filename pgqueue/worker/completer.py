@@ -51,19 +51,89 @@ def transient_retry(give_up_after_seconds: float = 30.0) -> AsyncRetrying:
 
 
 class Completer:
-    """Records each job's outcome with one guarded statement.
+    """Records each job's outcome with one guarded statement, batching successes.
 
     :meth:`record` returns the job's new state (``succeeded``, ``queued``, ``failed``), or
-    ``None`` when the lease was lost and the outcome dropped.
+    ``None`` when the lease was lost and the outcome dropped. Successes of jobs that do not
+    feed the rate limiter are written by one flusher task, many per statement: when idle each
+    is written at once, under load whatever accumulated during the previous write goes in the
+    next (group commit). :meth:`start` before use, :meth:`aclose` to flush and stop.
     """
+
+    #: At most this many successes per statement.
+    MAX_BATCH = 500
 
     def __init__(self, pool: AsyncConnectionPool[Any], settings: Settings) -> None:
         self._pool = pool
         self._settings = settings
+        self._pending: list[tuple[Job, Succeeded, asyncio.Future[str | None]]] = []
+        self._ready = asyncio.Event()
+        self._flusher: asyncio.Task[None] | None = None
+        self._closing = False
+
+    def start(self) -> None:
+        """Start the flusher task (on the running loop)."""
+        self._flusher = asyncio.create_task(self._flush_loop(), name="pgqueue-completer")
+
+    async def aclose(self) -> None:
+        """Write every pending success, then stop the flusher."""
+        self._closing = True
+        self._ready.set()
+        if self._flusher is not None:
+            await self._flusher
 
     async def record(self, job: Job, outcome: Outcome) -> str | None:
         """Write ``outcome`` for ``job``; survives cancellation of the calling task."""
+        if (
+            isinstance(outcome, Succeeded)
+            and self._flusher is not None
+            and not self._flusher.done()
+            and self._limiter_statement(job, outcome) is None
+        ):
+            future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+            self._pending.append((job, outcome, future))
+            self._ready.set()
+            return await asyncio.shield(future)
         return await asyncio.shield(self._record(job, outcome))
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            while self._pending:
+                batch = self._pending[: self.MAX_BATCH]
+                del self._pending[: len(batch)]
+                await self._flush(batch)
+            if self._closing:
+                return
+
+    async def _flush(self, batch: list[tuple[Job, Succeeded, asyncio.Future[str | None]]]) -> None:
+        params = {
+            "ids": [job.id for job, _o, _f in batch],
+            "tenant_ids": [job.tenant_id for job, _o, _f in batch],
+            "lease_tokens": [job.lease_token for job, _o, _f in batch],
+            "results": [None if o.result is None else Jsonb(o.result) for _j, o, _f in batch],
+            "input_tokens": [o.input_tokens for _j, o, _f in batch],
+            "output_tokens": [o.output_tokens for _j, o, _f in batch],
+        }
+        try:
+            async for attempt in transient_retry():
+                with attempt:
+                    async with self._pool.connection() as conn:
+                        rows = await queries.arun(conn, "job_complete_many", params)
+        except Exception as exc:
+            for _job, _o, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        recorded = {row["id"] for row in rows}
+        for job, _o, future in batch:
+            if job.id not in recorded:
+                log.warning(
+                    "job %s: lease lost before its outcome was recorded; outcome dropped", job.id
+                )
+            if not future.done():
+                future.set_result("succeeded" if job.id in recorded else None)
 
     async def _record(self, job: Job, outcome: Outcome) -> str | None:
         name, params, success_state = self._statement(job, outcome)

@@ -197,6 +197,7 @@ class Worker:
         )
         await self._pool.open(wait=True)
         self._completer = Completer(self._pool, self.settings)
+        self._completer.start()
         background: list[asyncio.Task[None]] = [
             asyncio.create_task(self._heartbeat_loop(), name="pgqueue-heartbeat"),
             asyncio.create_task(self._rescue_loop(), name="pgqueue-rescuer"),
@@ -208,6 +209,7 @@ class Worker:
             await self._produce()
             await self._drain()
         finally:
+            await self._completer.aclose()
             self._stop.set()
             for task in background:
                 task.cancel()

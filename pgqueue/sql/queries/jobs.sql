@@ -25,6 +25,24 @@ SET state = 'succeeded',
 WHERE id = %(id)s AND tenant_id = %(tenant_id)s
   AND state = 'running' AND lease_token = %(lease_token)s::uuid
 
+-- name: job_complete_many :many
+-- Fenced, batched: the successes of many jobs in one statement; returns the ids recorded
+-- (a missing id lost its lease and its outcome is dropped).
+UPDATE pgqueue.jobs j
+SET state = 'succeeded',
+    finished_at = now(),
+    result = u.result,
+    input_tokens = u.input_tokens,
+    output_tokens = u.output_tokens,
+    last_error = NULL,
+    lease_expires_at = NULL
+FROM unnest(%(ids)s::bigint[], %(tenant_ids)s::text[], %(lease_tokens)s::uuid[],
+            %(results)s::jsonb[], %(input_tokens)s::integer[], %(output_tokens)s::integer[])
+     AS u(id, tenant_id, lease_token, result, input_tokens, output_tokens)
+WHERE j.id = u.id AND j.tenant_id = u.tenant_id
+  AND j.state = 'running' AND j.lease_token = u.lease_token
+RETURNING j.id
+
 -- name: job_retry :one
 -- Fenced. Back to the queue after a delay, or failed once attempts are spent or the error is
 -- permanent. Returns the new state (no row: the lease was lost).
