@@ -137,6 +137,21 @@ def migrate(dsn: DsnOption = None) -> None:
 
 @app.command()
 @cli_errors
+def grant(dsn: DsnOption = None) -> None:
+    """Create the roles pgqueue_producer / _worker / _admin, grant them, turn on tenant scoping
+    and row-level security (idempotent; run after `pgqueue migrate`)."""
+    from pgqueue.db import queries
+
+    with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
+        queries.run(conn, "security_grant")
+    console.print(
+        "granted: pgqueue_producer (enqueue, reads its tenant's jobs), pgqueue_worker, "
+        "pgqueue_admin; row-level security on pgqueue.jobs and pgqueue.usage_daily"
+    )
+
+
+@app.command()
+@cli_errors
 def dsn(
     show_password: Annotated[
         bool, typer.Option(help="Print a configured password instead of ****.")

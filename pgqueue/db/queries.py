@@ -109,7 +109,8 @@ def run(conn: psycopg.Connection[Any], name: str, params: Mapping[str, Any] | No
     """
     q = query(name)
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(q.sql.encode(), params or {})  # bytes: the text is static, from the file
+        # bytes: the text is static, from the file; no parameters = no placeholder parsing
+        cur.execute(q.sql.encode(), params or None)
         if q.cardinality == "one":
             return cur.fetchone()
         if q.cardinality == "many":
@@ -125,7 +126,7 @@ async def arun(
     """Execute the named query on an async connection; results as in :func:`run`."""
     q = query(name)
     async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(q.sql.encode(), params or {})
+        await cur.execute(q.sql.encode(), params or None)
         if q.cardinality == "one":
             return await cur.fetchone()
         if q.cardinality == "many":

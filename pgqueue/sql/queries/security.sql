@@ -1,0 +1,81 @@
+-- Least privilege (`pgqueue grant`): three group roles, grants, tenant scoping and row-level
+-- security. Idempotent; safe to run again after every `pgqueue migrate`.
+
+-- name: security_grant :exec
+DO $grant$
+DECLARE
+    r text;
+    f regprocedure;
+BEGIN
+    FOREACH r IN ARRAY ARRAY['pgqueue_producer', 'pgqueue_worker', 'pgqueue_admin'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
+            BEGIN
+                EXECUTE format('CREATE ROLE %I NOLOGIN', r);
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN
+                NULL;  -- created meanwhile by a concurrent grant (roles are cluster-wide)
+            END;
+        END IF;
+    END LOOP;
+
+    GRANT USAGE ON SCHEMA pgqueue TO pgqueue_producer, pgqueue_worker, pgqueue_admin;
+
+    -- Functions: nobody but these roles may call them.
+    REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgqueue FROM PUBLIC;
+    GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA pgqueue TO pgqueue_worker, pgqueue_admin;
+
+    -- Producers write only through enqueue / enqueue_many, which run as their owner
+    -- (SECURITY DEFINER with a fixed search_path) and check the session's tenant scope.
+    FOR f IN
+        SELECT p.oid::regprocedure FROM pg_proc p
+        WHERE p.pronamespace = 'pgqueue'::regnamespace
+          AND p.proname IN ('enqueue', 'enqueue_many')
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp', f);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO pgqueue_producer', f);
+    END LOOP;
+    GRANT SELECT ON pgqueue.jobs, pgqueue.usage_daily TO pgqueue_producer;
+
+    -- Workers: claim, complete, heartbeat, rescue, limiter, demotion: all DML in the schema.
+    GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA pgqueue TO pgqueue_worker;
+    GRANT USAGE ON ALL SEQUENCES IN SCHEMA pgqueue TO pgqueue_worker;
+    GRANT ALL ON ALL TABLES IN SCHEMA pgqueue TO pgqueue_admin;
+    GRANT ALL ON ALL SEQUENCES IN SCHEMA pgqueue TO pgqueue_admin;
+
+    -- A session that sets pgqueue.tenant_id enqueues only that tenant's jobs.
+    CREATE OR REPLACE FUNCTION pgqueue.jobs_tenant_scope()
+    RETURNS trigger
+    LANGUAGE plpgsql
+    AS $fn$
+    DECLARE
+        scope text := coalesce(current_setting('pgqueue.tenant_id', true), '');
+    BEGIN
+        IF scope <> '' AND EXISTS (SELECT 1 FROM new_rows n WHERE n.tenant_id <> scope) THEN
+            RAISE EXCEPTION 'this session may only enqueue jobs of tenant %', quote_literal(scope)
+                USING ERRCODE = 'insufficient_privilege';
+        END IF;
+        RETURN NULL;
+    END
+    $fn$;
+    DROP TRIGGER IF EXISTS jobs_tenant_scope ON pgqueue.jobs;
+    CREATE TRIGGER jobs_tenant_scope
+        AFTER INSERT ON pgqueue.jobs
+        REFERENCING NEW TABLE AS new_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION pgqueue.jobs_tenant_scope();
+
+    -- Row-level security: producers see their tenant's rows only; workers and admins all.
+    ALTER TABLE pgqueue.jobs ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE pgqueue.usage_daily ENABLE ROW LEVEL SECURITY;
+    DROP POLICY IF EXISTS jobs_producer_own ON pgqueue.jobs;
+    CREATE POLICY jobs_producer_own ON pgqueue.jobs FOR SELECT TO pgqueue_producer
+        USING (tenant_id = current_setting('pgqueue.tenant_id', true));
+    DROP POLICY IF EXISTS jobs_operators_all ON pgqueue.jobs;
+    CREATE POLICY jobs_operators_all ON pgqueue.jobs FOR ALL TO pgqueue_worker, pgqueue_admin
+        USING (true) WITH CHECK (true);
+    DROP POLICY IF EXISTS usage_producer_own ON pgqueue.usage_daily;
+    CREATE POLICY usage_producer_own ON pgqueue.usage_daily FOR SELECT TO pgqueue_producer
+        USING (tenant_id = current_setting('pgqueue.tenant_id', true));
+    DROP POLICY IF EXISTS usage_operators_all ON pgqueue.usage_daily;
+    CREATE POLICY usage_operators_all ON pgqueue.usage_daily FOR ALL
+        TO pgqueue_worker, pgqueue_admin USING (true) WITH CHECK (true);
+END
+$grant$

@@ -1,0 +1,103 @@
+"""Least privilege and tenant isolation (issue 7, done-when 7), tested as the roles."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+import pgqueue
+from pgqueue.db import queries
+
+PAYLOAD = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture
+def roles(db_dsn: str) -> Iterator[dict[str, str]]:
+    """`pgqueue grant`, then one login role per group role; yields role -> DSN."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        queries.run(conn, "security_grant")
+        queries.run(conn, "security_grant")  # idempotent
+        made: dict[str, str] = {}
+        for group in ("producer", "worker"):
+            name = f"pq_{group}_{uuid.uuid4().hex[:8]}"
+            conn.execute(
+                sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
+                    sql.Identifier(name), sql.Identifier(f"pgqueue_{group}")
+                )
+            )
+            made[group] = name
+    try:
+        yield {group: make_conninfo(db_dsn, user=name) for group, name in made.items()}
+    finally:
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            for name in made.values():
+                conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+                conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def test_producer_sees_and_enqueues_only_its_tenant(db_dsn, roles):
+    with psycopg.connect(db_dsn, autocommit=True) as owner:
+        b_job = pgqueue.enqueue(owner, tenant_id="b", origin="user_action", payload=PAYLOAD)
+    with psycopg.connect(roles["producer"], autocommit=True) as conn:
+        conn.execute("SET pgqueue.tenant_id = 'a'")
+        a_job = pgqueue.enqueue(conn, tenant_id="a", origin="user_action", payload=PAYLOAD)
+        [a_many] = pgqueue.enqueue_many(conn, [pgqueue.JobSpec("a", "batch_job", PAYLOAD)])
+        seen = {r[0] for r in conn.execute("SELECT id FROM pgqueue.jobs")}
+        assert seen == {a_job, a_many}  # b's job is invisible
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            pgqueue.enqueue(conn, tenant_id="b", origin="user_action", payload=PAYLOAD)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            pgqueue.enqueue_many(
+                conn,
+                [
+                    pgqueue.JobSpec("a", "batch_job", PAYLOAD),
+                    pgqueue.JobSpec("b", "batch_job", PAYLOAD),
+                ],
+            )
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("UPDATE pgqueue.jobs SET payload = '{}' WHERE id = %s", (b_job,))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("UPDATE pgqueue.jobs SET payload = '{}' WHERE id = %s", (a_job,))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("DELETE FROM pgqueue.jobs")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT * FROM pgqueue.claim(1, 'x', 60)")
+        conn.execute("SET pgqueue.tenant_id = 'b'")
+        assert {r[0] for r in conn.execute("SELECT id FROM pgqueue.jobs")} == {b_job}
+        conn.execute("RESET pgqueue.tenant_id")
+        assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone()[0] == 0
+    with psycopg.connect(db_dsn) as owner:
+        rows = owner.execute(
+            "SELECT tenant_id, count(*) FROM pgqueue.jobs GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+    assert rows == [("a", 2), ("b", 1)]  # the refused enqueues wrote nothing
+
+
+def test_worker_role_can_run_the_whole_life_cycle(db_dsn, roles):
+    with psycopg.connect(db_dsn, autocommit=True) as owner:
+        pgqueue.enqueue(owner, tenant_id="a", origin="user_action", payload=PAYLOAD)
+    with psycopg.connect(roles["worker"], autocommit=True) as conn:
+        [job] = queries.run(conn, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 60})
+        assert job["tenant_id"] == "a"
+        assert (
+            queries.run(
+                conn,
+                "job_complete",
+                {
+                    "id": job["id"],
+                    "tenant_id": "a",
+                    "lease_token": job["lease_token"],
+                    "result": None,
+                    "input_tokens": 10,
+                    "output_tokens": 2,
+                },
+            )
+            == 1
+        )
+        assert conn.execute("SELECT sum(input_tokens) FROM pgqueue.usage_daily").fetchone()[0] == 10
+        queries.run(conn, "job_rescue", {"limit": 10, "lock_key": 1})
