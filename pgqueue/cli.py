@@ -479,6 +479,22 @@ def retry(
 
 @app.command()
 @cli_errors
+def prune(
+    older_than: Annotated[
+        float, typer.Option(min=0.0, help="Delete jobs finished more than this many seconds ago.")
+    ] = 7 * 86_400.0,
+    dsn: DsnOption = None,
+) -> None:
+    """Retention: delete finished jobs (queued and running jobs are never touched)."""
+    from pgqueue.admin import prune_finished
+
+    with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
+        deleted = prune_finished(conn, older_than_seconds=older_than)
+    console.print(f"deleted {deleted} finished job(s)")
+
+
+@app.command()
+@cli_errors
 def sandbox(
     host: str = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8765,

@@ -42,6 +42,11 @@ class Settings(BaseSettings):
     provider_timeout_seconds: float = Field(default=90.0, gt=0)
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     rescue_interval_seconds: float = Field(default=15.0, gt=0)
+    retention_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="Workers delete jobs finished longer ago than this; None keeps them.",
+    )
     burst_horizon_seconds: float = Field(
         default=60.0,
         ge=0,

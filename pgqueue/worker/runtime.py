@@ -363,12 +363,33 @@ class Worker:
             except psycopg.Error as exc:
                 log.warning("rescue failed (%s); will retry", exc)
                 rows = []
+            if self.settings.retention_seconds is not None:
+                await self._prune(self.settings.retention_seconds)
             if rows:
                 self.stats.rescued += len(rows)
                 metrics.RESCUED.inc(len(rows))
                 log.warning("rescued %d job(s) whose lease expired", len(rows))
                 self.wake()
             await asyncio.sleep(self.settings.rescue_interval_seconds * self._rng.uniform(0.8, 1.2))
+
+    async def _prune(self, older_than_seconds: float) -> None:
+        """Retention, in the maintenance loop: one batch per round, one pruner at a time."""
+        from pgqueue.admin import PRUNE_LOCK_KEY
+
+        assert self._pool is not None
+        try:
+            async with self._pool.connection() as conn:
+                await queries.arun(
+                    conn,
+                    "job_prune",
+                    {
+                        "older_than_seconds": older_than_seconds,
+                        "limit": 5000,
+                        "lock_key": PRUNE_LOCK_KEY,
+                    },
+                )
+        except psycopg.Error as exc:
+            log.warning("prune failed (%s); will retry", exc)
 
     async def _close_handlers(self) -> None:
         for kind in self.registry:

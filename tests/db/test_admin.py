@@ -90,3 +90,32 @@ def test_retry_cli(db_dsn):
         text=True,
     )
     assert bad.returncode == 2 and "InvalidArgument" in bad.stderr
+
+
+def test_prune_deletes_only_old_finished_jobs(db_dsn):
+    import psycopg
+
+    from pgqueue.admin import prune_finished
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        ids = [
+            pgqueue.enqueue(conn, tenant_id="a", origin="user_action", payload=PAYLOAD)
+            for _ in range(6)
+        ]
+        conn.execute(
+            "UPDATE pgqueue.jobs SET state = 'succeeded', finished_at = now() - interval '2 days'"
+            " WHERE id = ANY(%s)",
+            (ids[:3],),
+        )
+        conn.execute(
+            "UPDATE pgqueue.jobs SET state = 'failed', finished_at = now() - interval '1 hour'"
+            " WHERE id = %s",
+            (ids[3],),
+        )
+        conn.execute("UPDATE pgqueue.jobs SET state = 'running' WHERE id = %s", (ids[4],))
+        assert prune_finished(conn, older_than_seconds=86_400, batch=2) == 3
+        left = {r[0] for r in conn.execute("SELECT id FROM pgqueue.jobs")}
+        assert left == set(ids[3:])
+        assert prune_finished(conn, older_than_seconds=0) == 1  # the failed one
+        with pytest.raises(pgqueue.InvalidArgument):
+            prune_finished(conn, older_than_seconds=-1)

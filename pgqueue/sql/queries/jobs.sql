@@ -161,3 +161,24 @@ WHERE state = 'failed'
   AND (%(since)s::timestamptz IS NULL OR finished_at >= %(since)s::timestamptz)
   AND (%(until)s::timestamptz IS NULL OR finished_at < %(until)s::timestamptz)
 RETURNING id
+
+-- name: job_prune :one
+-- Retention: delete up to `limit` finished jobs (succeeded, failed, cancelled) that finished
+-- before now() - older_than_seconds; one pruner at a time (advisory lock). Returns how many.
+WITH leader AS (
+    SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS ok
+), doomed AS (
+    SELECT j.id, j.tenant_id
+    FROM pgqueue.jobs j, leader
+    WHERE leader.ok
+      AND j.state IN ('succeeded', 'failed', 'cancelled')
+      AND j.finished_at < now() - make_interval(secs => %(older_than_seconds)s)
+    ORDER BY j.finished_at
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+), gone AS (
+    DELETE FROM pgqueue.jobs j USING doomed
+    WHERE j.id = doomed.id AND j.tenant_id = doomed.tenant_id
+    RETURNING 1
+)
+SELECT count(*) AS deleted FROM gone
