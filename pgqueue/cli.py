@@ -643,3 +643,65 @@ def demo(
         sys.stdout.write(json.dumps(report, default=str) + "\n")
     else:
         render_run_report(report, console, title="Demo")
+
+
+@app.command()
+@cli_errors
+def bench(
+    jobs: Annotated[int, typer.Option(min=1, help="Jobs per claim+complete run.")] = 20_000,
+    procs: Annotated[str, typer.Option(help="Worker process counts, comma-separated.")] = "1,2,4",
+    concurrency: Annotated[int, typer.Option(min=1, help="Slots per worker process.")] = 10,
+    repeats: Annotated[int, typer.Option(min=1, help="Interleaved runs per measurement.")] = 3,
+    single_jobs: Annotated[int, typer.Option(min=1, help="Jobs per single-enqueue run.")] = 2_000,
+    bulk_jobs: Annotated[int, typer.Option(min=1, help="Jobs per bulk-enqueue run.")] = 20_000,
+    batch: Annotated[int, typer.Option(min=1, help="Jobs per bulk statement.")] = 1_000,
+    wake_samples: Annotated[int, typer.Option(min=1, help="Idle wake-up samples.")] = 200,
+    peer: Annotated[
+        str | None,
+        typer.Option(help="Also measure a peer: pgqueuer (pip install 'pgqueue[bench]')."),
+    ] = None,
+    peer_batch: Annotated[int, typer.Option(min=1, help="The peer's dequeue batch size.")] = 10,
+    only: Annotated[
+        str | None, typer.Option(help="Comma-separated parts: enqueue, consume, wakeup.")
+    ] = None,
+    json_out: Annotated[Path | None, typer.Option(help="Write the report as JSON here.")] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write a PNG chart here (needs matplotlib).")
+    ] = None,
+    dsn: DsnOption = None,
+) -> None:
+    """No-op throughput and wake-up latency vs a plain SKIP LOCKED queue, in scratch databases.
+
+    Ratios measured in one run on the same server are the result; absolute jobs/s depend on
+    the machine. Scratch databases (pgq_bench_*) are dropped at the end.
+    """
+    from pgqueue import bench as b
+
+    options = b.BenchOptions(
+        jobs=jobs,
+        procs=b.parse_int_list(procs, "--procs"),
+        concurrency=concurrency,
+        repeats=repeats,
+        single_jobs=single_jobs,
+        bulk_jobs=bulk_jobs,
+        batch=batch,
+        wake_samples=wake_samples,
+        peer=peer,
+        peer_batch=peer_batch,
+        parts=tuple(x.strip() for x in only.split(",")) if only else b.PARTS,
+    )
+    options.check()
+    target = _dsn(_settings(), dsn)
+    report = b.run(target, options, progress=lambda msg: err_console.print(msg, highlight=False))
+    for table in b.render(report):
+        console.print(table)
+    if json_out is not None:
+        json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        err_console.print(f"wrote {json_out}")
+    if plot is not None:
+        if b.plot(report, plot):
+            err_console.print(f"wrote {plot}")
+        else:
+            err_console.print(
+                "matplotlib is not installed (pip install 'pgqueue[bench]'); no chart"
+            )

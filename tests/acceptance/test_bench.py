@@ -1,0 +1,80 @@
+"""`pgqueue bench` runs end to end at tiny sizes (a smoke test, not a measurement)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psycopg
+import pytest
+from typer.testing import CliRunner
+
+from pgqueue import bench
+from pgqueue.cli import app
+
+runner = CliRunner()
+
+
+def test_percentile_nearest_rank() -> None:
+    values = [float(x) for x in range(1, 101)]
+    assert bench.percentile(values, 50) == 50.0
+    assert bench.percentile(values, 99) == 99.0
+    assert bench.percentile([3.0], 99) == 3.0
+
+
+def test_bad_options_exit_2() -> None:
+    result = runner.invoke(app, ["bench", "--procs", "1,x"])
+    assert result.exit_code == 2
+    result = runner.invoke(app, ["bench", "--only", "enqueue,nope"])
+    assert result.exit_code == 2
+    result = runner.invoke(app, ["bench", "--peer", "procrastinate"])
+    assert result.exit_code == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_bench_tiny_run(server_dsn: str, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--dsn",
+            server_dsn,
+            "--jobs",
+            "60",
+            "--procs",
+            "1,2",
+            "--repeats",
+            "1",
+            "--single-jobs",
+            "20",
+            "--bulk-jobs",
+            "50",
+            "--batch",
+            "20",
+            "--wake-samples",
+            "5",
+            "--json-out",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["meta"]["systems"] == ["pgqueue", "plain"]
+    for mode in ("single", "bulk"):
+        row = report["enqueue"][mode]
+        assert row["pgqueue_jobs_per_s"] > 0 and row["plain_jobs_per_s"] > 0
+        assert row["ratio_vs_plain"] > 0
+    assert [r["procs"] for r in report["consume"]] == [1, 2]
+    for row in report["consume"]:
+        assert row["pgqueue_jobs_per_s"] > 0 and row["plain_jobs_per_s"] > 0
+    assert report["wakeup"]["samples"] == 5
+    assert 0 < report["wakeup"]["p50_ms"] <= report["wakeup"]["p99_ms"]
+    # every scratch database is gone
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        left = conn.execute(
+            "SELECT datname FROM pg_database WHERE starts_with(datname, %s)",
+            (report["meta"]["scratch_prefix"],),
+        ).fetchall()
+    assert left == []
