@@ -899,7 +899,7 @@ async def pgqueuer_worker(dsn: str, batch_size: int) -> None:
     try:
         qm = QueueManager(queries)
 
-        @qm.entrypoint("noop")
+        @qm.entrypoint("noop")  # type: ignore[untyped-decorator, unused-ignore]
         async def noop(job: Job) -> None:
             return None
 
