@@ -1,8 +1,9 @@
 """Enqueue throughput with admission caps on versus off (and versus revision 0005, before
 admission control existed), same server. Not part of pytest.
 
-Each mode runs ``--procs`` producer processes, each enqueuing single jobs through
-``pgqueue.enqueue`` (one transaction per job, the common case) into ``--tenants`` tenants for
+Each mode runs ``--procs`` producer processes, each enqueuing single jobs with the SQL
+function ``pgqueue.enqueue`` (one transaction per job, the common case; the same function in
+every mode, so revision 0005 can be measured too) into ``--tenants`` tenants for
 ``--seconds``. Modes are interleaved over ``--rounds`` so that machine noise hits them alike;
 the median jobs/s per mode is reported. "caps on" sets a per-tier AND a per-tenant cap high
 enough never to refuse, so every enqueue reads the counters (the cost being measured).
@@ -24,6 +25,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+from psycopg.types.json import Jsonb
 
 import pgqueue
 from pgqueue.db import migrate
@@ -31,21 +33,21 @@ from pgqueue.db import migrate
 PAYLOAD = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hello"}]}
 
 
+ENQUEUE = "SELECT pgqueue.enqueue(%(tenant)s, 'scheduled', %(payload)s, 60)"
+
+
 def _producer(dsn: str, seconds: float, tenants: int, seed: int, out: Any) -> None:
     done = 0
-    with psycopg.connect(dsn) as conn:
-        deadline = time.perf_counter() + seconds
-        while time.perf_counter() < deadline:
-            pgqueue.enqueue(
-                conn,
-                tenant_id=f"t{(seed + done) % tenants}",
-                origin="scheduled",
-                sla_seconds=60,
-                payload=PAYLOAD,
-            )
-            conn.commit()
-            done += 1
-    out.put(done)
+    payload = Jsonb(PAYLOAD)
+    try:
+        with psycopg.connect(dsn) as conn:
+            deadline = time.perf_counter() + seconds
+            while time.perf_counter() < deadline:
+                conn.execute(ENQUEUE, {"tenant": f"t{(seed + done) % tenants}", "payload": payload})
+                conn.commit()
+                done += 1
+    finally:
+        out.put(done)
 
 
 def _run(dsn: str, procs: int, seconds: float, tenants: int) -> float:
@@ -56,7 +58,7 @@ def _run(dsn: str, procs: int, seconds: float, tenants: int) -> float:
     ]
     for w in workers:
         w.start()
-    total = sum(out.get() for _ in workers)
+    total = sum(out.get(timeout=seconds + 60) for _ in workers)
     for w in workers:
         w.join()
     return total / seconds

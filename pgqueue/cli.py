@@ -50,7 +50,9 @@ _PLAN = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
 
 
 def _say(kind: str, message: str) -> None:
-    err_console.print(f"[red]{kind}:[/red] {message}", highlight=False)
+    from rich.markup import escape
+
+    err_console.print(f"[red]{escape(kind)}:[/red] {escape(message)}", highlight=False)
 
 
 def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
@@ -614,8 +616,8 @@ def simulate(
         str, typer.Option(help="Normal-job policies: comma list of drop, block, reject.")
     ] = "drop,block,reject",
     urgent_share: Annotated[float, typer.Option(help="Share of urgent jobs.")] = 0.1,
-    rate: Annotated[float, typer.Option(min=1.0, help="Jobs offered per second.")] = 250.0,
-    workers: Annotated[int, typer.Option(min=1, help="Jobs in flight (worker slots).")] = 12,
+    rate: Annotated[float, typer.Option(min=1.0, help="Jobs offered per second.")] = 150.0,
+    workers: Annotated[int, typer.Option(min=1, help="Jobs in flight (worker slots).")] = 24,
     normal_cap: Annotated[
         int, typer.Option(min=0, help="Cap of queued normal jobs (the shared queue's, in fifo).")
     ] = 40,
@@ -647,6 +649,10 @@ def simulate(
         seed=seed,
     )
     options.validate()
+    if plot is not None:
+        from pgqueue.simulate import require_matplotlib
+
+        require_matplotlib()
     target = _dsn(_settings(), dsn)
     if not as_json:
         err_console.print(
@@ -678,7 +684,8 @@ def simulate(
                 str(stats.rejected),
             ]
         table.add_row(*cells)
-    console.print(table)
+    # The table is wide: never squeeze it below 160 columns (pipes report 80).
+    Console(soft_wrap=True, width=max(console.width, 160)).print(table)
     verdict = doc["verdict"]
     if verdict["tiers_urgent_p95_within_bound"] is not None:
         console.print(

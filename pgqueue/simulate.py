@@ -59,12 +59,12 @@ class SimulateOptions:
     strategies: tuple[str, ...] = STRATEGIES
     policies: tuple[str, ...] = POLICIES
     urgent_share: float = 0.1
-    arrival_rate_per_second: float = 250.0
-    workers: int = 12
+    arrival_rate_per_second: float = 150.0
+    workers: int = 24
     normal_cap: int = 40
     urgent_cap: int = 20
-    urgent_service_seconds: tuple[float, float] = (0.02, 0.06)
-    normal_service_seconds: tuple[float, float] = (0.06, 0.18)
+    urgent_service_seconds: tuple[float, float] = (0.05, 0.15)
+    normal_service_seconds: tuple[float, float] = (0.2, 0.6)
     seed: int = 42
 
     def validate(self) -> None:
@@ -355,19 +355,26 @@ def run_simulation(
     return results
 
 
+def require_matplotlib() -> None:
+    """Raises :class:`InvalidArgument` when matplotlib (the ``plot`` extra) is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise InvalidArgument("--plot needs matplotlib: pip install 'pgqueue[plot]'") from None
+
+
 def plot(results: Sequence[ScenarioResult], path: str, bound_ms: float) -> None:
     """Bar chart of urgent p95 per scenario (log scale) with the 3 × service bound.
 
     Raises:
         InvalidArgument: matplotlib is not installed (``pip install 'pgqueue[plot]'``).
     """
-    try:
-        import matplotlib
+    require_matplotlib()
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise InvalidArgument("--plot needs matplotlib: pip install 'pgqueue[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     names = [r.name for r in results]
     values = [r.urgent.p95_ms or 0.0 for r in results]
     colors = ["tab:red" if r.strategy == "fifo" else "tab:blue" for r in results]
