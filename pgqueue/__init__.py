@@ -8,8 +8,11 @@ backpressure, all in Postgres. Enqueue joins the caller's transaction::
                              payload={"model": "...", "max_tokens": 256, "messages": [...]})
 """
 
+from pgqueue.admission import admission_status, set_admission, set_tenant_max_queued
 from pgqueue.enqueue import JobSpec, enqueue, enqueue_many
 from pgqueue.errors import (
+    AdmissionError,
+    CannotBlockInTransaction,
     InvalidArgument,
     InvalidKind,
     InvalidPayload,
@@ -18,15 +21,19 @@ from pgqueue.errors import (
     NulCharacter,
     PayloadTooLarge,
     PgqueueError,
+    QueueFull,
     SchemaOutOfDate,
     UnknownOrigin,
     UnknownTenant,
     UsageError,
 )
 from pgqueue.handlers.registry import Registry
-from pgqueue.models import JobState, Origin, Tier
+from pgqueue.models import AdmissionPolicy, JobState, Origin, Tier
 
 __all__ = [
+    "AdmissionError",
+    "AdmissionPolicy",
+    "CannotBlockInTransaction",
     "InvalidArgument",
     "InvalidKind",
     "InvalidPayload",
@@ -38,13 +45,17 @@ __all__ = [
     "Origin",
     "PayloadTooLarge",
     "PgqueueError",
+    "QueueFull",
     "Registry",
     "SchemaOutOfDate",
     "Tier",
     "UnknownOrigin",
     "UnknownTenant",
     "UsageError",
+    "admission_status",
     "enqueue",
     "enqueue_many",
+    "set_admission",
+    "set_tenant_max_queued",
 ]
 __version__ = "0.1.0"

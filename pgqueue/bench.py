@@ -468,7 +468,7 @@ def _sentinel(dsn: str) -> int:
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT now() + interval '45 seconds'").fetchone()
         assert row is not None
-        return pgqueue.enqueue(
+        sentinel = pgqueue.enqueue(
             conn,
             tenant_id=SENTINEL_TENANT,
             origin="batch_job",
@@ -476,6 +476,8 @@ def _sentinel(dsn: str) -> int:
             kind=NOOP_KIND,
             run_at=row[0],
         )
+        assert sentinel is not None, "admission dropped the benchmark's sentinel job"
+        return sentinel
 
 
 _END_QUERY = {
@@ -564,6 +566,7 @@ def wakeup(dsn: str, options: BenchOptions) -> dict[str, Any]:
                 for i in range(options.wake_samples):
                     time.sleep(rng.uniform(0.02, 0.06))  # the worker is idle again
                     job_id = pgqueue.enqueue(conn, **_job(i, options.tenants))
+                    assert job_id is not None, "admission dropped a benchmark job"
                     row = conn.execute(
                         "SELECT extract(epoch FROM clock_timestamp())::float8"
                     ).fetchone()

@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pgqueue.errors import PgqueueError, UsageError
+from pgqueue.errors import AdmissionError, PgqueueError, UsageError
 from pgqueue.settings import Settings, load_settings
 
 app = typer.Typer(
@@ -35,6 +35,8 @@ tenants_app = typer.Typer(help="List and configure tenants (plan, quantum, daily
 app.add_typer(tenants_app, name="tenants")
 limits_app = typer.Typer(help="The provider's rate limits per model, shared by all workers.")
 app.add_typer(limits_app, name="limits")
+admission_app = typer.Typer(help="Admission control: caps of queued jobs and tier policies.")
+app.add_typer(admission_app, name="admission")
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 
@@ -50,14 +52,18 @@ _PLAN = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
 
 
 def _say(kind: str, message: str) -> None:
-    err_console.print(f"[red]{kind}:[/red] {message}", highlight=False)
+    from rich.markup import escape
+
+    err_console.print(f"[red]{escape(kind)}:[/red] {escape(message)}", highlight=False)
 
 
 def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
     """Turn the errors a user can meet into one line on stderr and an exit code.
 
-    Exit 2: bad input (:class:`UsageError`, bad files, a malformed DSN). Exit 1: the
-    environment (unreachable database, missing schema, any other pgqueue or database error).
+    Exit 2: bad input (:class:`UsageError`, bad files, a malformed DSN). Exit 75 (EX_TEMPFAIL):
+    admission control refused the job for now (:class:`AdmissionError`, e.g. ``QueueFull``);
+    retry later. Exit 1: the environment (unreachable database, missing schema, any other
+    pgqueue or database error).
     """
 
     @functools.wraps(fn)
@@ -69,6 +75,9 @@ def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except UsageError as exc:
             _say(type(exc).__name__, str(exc))
             raise typer.Exit(2) from None
+        except AdmissionError as exc:
+            _say(type(exc).__name__, str(exc))
+            raise typer.Exit(75) from None
         except PgqueueError as exc:
             _say(type(exc).__name__, str(exc))
             raise typer.Exit(1) from None
@@ -290,7 +299,7 @@ def enqueue(
             kind=kind,
             settings=settings,
         )
-    console.print(job_id)
+    console.print("dropped (tier full, policy drop)" if job_id is None else job_id)
 
 
 @app.command()
@@ -705,3 +714,155 @@ def bench(
             err_console.print(
                 "matplotlib is not installed (pip install 'pgqueue[bench]'); no chart"
             )
+
+
+@admission_app.command("show")
+@cli_errors
+def admission_show(
+    dsn: DsnOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Per tier: queued jobs (exact counters), caps, policy and jobs dropped so far."""
+    from pgqueue.admission import admission_status
+
+    with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
+        rows = admission_status(conn)
+    if as_json:
+        sys.stdout.write(json.dumps(rows, default=str) + "\n")
+        return
+    table = Table(title="Admission control")
+    for col in ("tier", "queued", "max queued", "per tenant", "policy", "dropped"):
+        table.add_column(col, justify="left" if col in ("tier", "policy") else "right")
+    for r in rows:
+        table.add_row(
+            r["tier"],
+            str(r["queued"]),
+            "-" if r["max_queued"] is None else str(r["max_queued"]),
+            "-" if r["tenant_max_queued"] is None else str(r["tenant_max_queued"]),
+            r["policy"],
+            str(r["dropped"]),
+        )
+    console.print(table)
+
+
+@admission_app.command("set")
+@cli_errors
+def admission_set(
+    tier: Annotated[str, typer.Argument(help="critical | standard | batch")],
+    max_queued: Annotated[
+        int | None, typer.Option(min=0, help="Cap of the tier's queued jobs; omit: no cap.")
+    ] = None,
+    tenant_max_queued: Annotated[
+        int | None, typer.Option(min=0, help="Cap of one tenant's queued jobs in the tier.")
+    ] = None,
+    policy: Annotated[
+        str, typer.Option(help="reject | block | drop (never drop for critical).")
+    ] = "reject",
+    dsn: DsnOption = None,
+) -> None:
+    """Set a tier's caps and policy (caps not given are removed)."""
+    from pgqueue.admission import set_admission
+
+    with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
+        set_admission(
+            conn, tier, max_queued=max_queued, tenant_max_queued=tenant_max_queued, policy=policy
+        )
+    console.print(
+        f"{tier}: max_queued={max_queued} tenant_max_queued={tenant_max_queued} policy={policy}"
+    )
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+@app.command()
+@cli_errors
+def simulate(
+    duration: Annotated[
+        float, typer.Option(min=1.0, help="Total measured seconds, split over the scenarios.")
+    ] = 20.0,
+    strategies: Annotated[
+        str, typer.Option(help="Comma list of fifo, weighted, probabilistic, strict.")
+    ] = "fifo,weighted,probabilistic,strict",
+    policies: Annotated[
+        str, typer.Option(help="Normal-job policies: comma list of drop, block, reject.")
+    ] = "drop,block,reject",
+    urgent_share: Annotated[float, typer.Option(help="Share of urgent jobs.")] = 0.1,
+    rate: Annotated[float, typer.Option(min=1.0, help="Jobs offered per second.")] = 150.0,
+    workers: Annotated[int, typer.Option(min=1, help="Jobs in flight (worker slots).")] = 24,
+    normal_cap: Annotated[
+        int, typer.Option(min=0, help="Cap of queued normal jobs (the shared queue's, in fifo).")
+    ] = 40,
+    urgent_cap: Annotated[int, typer.Option(min=0, help="Cap of queued urgent jobs.")] = 20,
+    seed: int = 42,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Write urgent p95 per scenario to a PNG.")
+    ] = None,
+    dsn: DsnOption = None,
+) -> None:
+    """The backpressure experiment on the real queue: shared FIFO vs tiers + scheduler.
+
+    Producers outpace a real worker; urgent jobs are short, normal ones long. Each scenario
+    runs in a database of its own (``pgqueue_simulate`` and clones), never in your queue.
+    """
+    from pgqueue.simulate import SimulateOptions, report, run_simulation
+    from pgqueue.simulate import plot as draw
+
+    options = SimulateOptions(
+        duration_seconds=duration,
+        strategies=tuple(s.strip() for s in strategies.split(",") if s.strip()),
+        policies=tuple(p.strip() for p in policies.split(",") if p.strip()),
+        urgent_share=urgent_share,
+        arrival_rate_per_second=rate,
+        workers=workers,
+        normal_cap=normal_cap,
+        urgent_cap=urgent_cap,
+        seed=seed,
+    )
+    options.validate()
+    if plot is not None:
+        from pgqueue.simulate import require_matplotlib
+
+        require_matplotlib()
+    target = _dsn(_settings(), dsn)
+    if not as_json:
+        err_console.print(
+            f"simulate: {len(options.scenarios)} scenarios × {options.scenario_seconds:.1f} s, "
+            f"{rate:g} jobs/s offered, {workers} worker slots..."
+        )
+    results = run_simulation(target, options)
+    doc = report(options, results)
+    if plot is not None:
+        draw(results, str(plot), doc["verdict"]["tiers_urgent_p95_bound_ms"])
+    if as_json:
+        sys.stdout.write(json.dumps(doc) + "\n")
+        return
+    table = Table(title="Urgent vs normal latency (ms, enqueue to finish)")
+    cols = ["scenario", "backlog"]
+    for cls in ("urgent", "normal"):
+        cols += [f"{cls} n", "p50", "p95", "p99", "dropped", "rejected"]
+    for col in cols:
+        table.add_column(col, justify="left" if col == "scenario" else "right")
+    for r in results:
+        cells = [r.name, f"{r.backlog_mean:.0f}"]
+        for stats in (r.urgent, r.normal):
+            cells += [
+                str(stats.count),
+                _ms(stats.p50_ms),
+                _ms(stats.p95_ms),
+                _ms(stats.p99_ms),
+                str(stats.dropped),
+                str(stats.rejected),
+            ]
+        table.add_row(*cells)
+    # The table is wide: never squeeze it below 160 columns (pipes report 80).
+    Console(soft_wrap=True, width=max(console.width, 160)).print(table)
+    verdict = doc["verdict"]
+    if verdict["tiers_urgent_p95_within_bound"] is not None:
+        console.print(
+            "tiers + scheduler keep urgent p95 within 3 × the urgent service time "
+            f"({verdict['tiers_urgent_p95_bound_ms']:.0f} ms): "
+            + ("yes" if verdict["tiers_urgent_p95_within_bound"] else "NO")
+        )

@@ -4,23 +4,42 @@ One function, :func:`enqueue`, takes a psycopg ``Connection`` or ``AsyncConnecti
 SQLAlchemy ``Session`` or ``AsyncSession`` (psycopg driver); with an async connection it
 returns an awaitable. :func:`enqueue_many` does the same for many jobs in one round trip. Both
 validate everything before the first statement (so a bad job leaves the caller's transaction
-usable), then call the SQL functions ``pgqueue.enqueue`` / ``pgqueue.enqueue_many`` — the same
-path SQL callers use, so classification lives in one place.
+usable), then call the SQL functions ``pgqueue.try_enqueue`` / ``pgqueue.try_enqueue_many`` —
+the bodies of ``pgqueue.enqueue`` / ``pgqueue.enqueue_many`` that SQL callers use, so
+classification and admission control live in one place.
+
+Admission control (per-tier and per-tenant caps on queued jobs, see ``docs/admission.md``)
+answers with a row rather than an error, so a full tier never aborts the caller's
+transaction: ``reject`` raises :class:`~pgqueue.errors.QueueFull`, ``drop`` returns ``None``,
+and ``block`` waits here for room (polling, with backoff) up to a timeout — but only when the
+caller has no transaction open, since waiting would hold its locks
+(:class:`~pgqueue.errors.CannotBlockInTransaction` otherwise).
 """
 
 from __future__ import annotations
 
+import asyncio
+import random
+import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, overload
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from pgqueue.db import queries
-from pgqueue.errors import InvalidArgument, UsageError, from_sqlstate
-from pgqueue.models import DEFAULT_KIND, Origin
+from pgqueue.errors import (
+    CannotBlockInTransaction,
+    InvalidArgument,
+    QueueFull,
+    UsageError,
+    from_sqlstate,
+)
+from pgqueue.models import DEFAULT_KIND, AdmissionPolicy, Origin
+from pgqueue.observability import metrics
 from pgqueue.settings import Settings
 from pgqueue.validation import CheckedJob, check_job
 
@@ -78,8 +97,150 @@ def _many_params(jobs: Sequence[CheckedJob]) -> dict[str, Any]:
 
 
 def _translate(exc: psycopg.Error) -> Exception:
-    mapped = from_sqlstate(exc.sqlstate, exc.diag.message_primary or str(exc))
+    mapped = from_sqlstate(
+        exc.sqlstate, exc.diag.message_primary or str(exc), exc.diag.message_detail
+    )
     return mapped if mapped is not None else exc
+
+
+#: First and longest pause between two tries of a blocked enqueue, seconds.
+_BLOCK_FIRST_PAUSE_SECONDS = 0.01
+_BLOCK_MAX_PAUSE_SECONDS = 0.25
+
+
+class _Admission:
+    """One enqueue call's way through admission control, shared by the sync and async paths.
+
+    :meth:`step` reads the rows a ``try_enqueue`` call returned and decides: done (the rows
+    stand: jobs stored or dropped), wait this long and try again (policy ``block``, room may
+    come), or raise :class:`QueueFull`. It also feeds the admission metrics.
+    """
+
+    def __init__(
+        self, tenant_ids: Sequence[str], timeout_seconds: float, *, in_transaction: bool
+    ) -> None:
+        self.tenant_ids = tenant_ids
+        self.timeout_seconds = timeout_seconds
+        self.in_transaction = in_transaction
+        self.started: float | None = None
+        self.pause = _BLOCK_FIRST_PAUSE_SECONDS
+        self.blocked_tier: str | None = None
+
+    def step(self, rows: Sequence[Mapping[str, Any]], now: float, *, many: bool) -> float | None:
+        """None when the rows stand; else seconds to wait before the next try.
+
+        Raises:
+            QueueFull: a refused row whose tier's policy is reject, or block after the timeout.
+            CannotBlockInTransaction: policy block while the caller's transaction is open.
+        """
+        refused = next((r for r in rows if r["outcome"] == "full"), None)
+        if refused is None:
+            for r in rows:
+                if r["outcome"] == "dropped":
+                    metrics.ADMISSION_DROPPED.labels(r["tier"], r["scope"] or "tier").inc()
+            if self.started is not None and self.blocked_tier is not None:
+                metrics.ADMISSION_BLOCK_SECONDS.labels(self.blocked_tier).observe(
+                    now - self.started
+                )
+            return None
+        tier, policy = refused["tier"], refused["policy"]
+        index = int(refused["ord"]) - 1 if many else 0
+        tenant = self.tenant_ids[index]
+        where = f"job {index}: " if many else ""
+        subject = (
+            f"tier {tier}" if refused["scope"] == "tier" else f"tenant {tenant!r} in tier {tier}"
+        )
+        message = (
+            f"{where}queue full: {subject} holds {refused['depth']} queued jobs "
+            f"(cap {refused['cap']}, policy {policy})"
+        )
+        fields: dict[str, Any] = {
+            "tier": tier,
+            "tenant_id": tenant,
+            "depth": refused["depth"],
+            "cap": refused["cap"],
+            "scope": refused["scope"],
+            "policy": policy,
+        }
+        if policy != AdmissionPolicy.BLOCK:
+            metrics.ADMISSION_REJECTED.labels(tier, policy, refused["scope"]).inc()
+            raise QueueFull(message, **fields)
+        if self.in_transaction:
+            metrics.ADMISSION_REJECTED.labels(tier, policy, refused["scope"]).inc()
+            raise CannotBlockInTransaction(
+                f"{message}; the block policy cannot wait inside the caller's open transaction "
+                "(waiting would hold its locks): enqueue outside a transaction to wait for "
+                "room, or handle QueueFull",
+                **fields,
+            )
+        if self.started is None:
+            self.started = now
+            self.blocked_tier = tier
+            metrics.ADMISSION_BLOCKED.labels(tier).inc()
+        waited = now - self.started
+        if waited >= self.timeout_seconds:
+            metrics.ADMISSION_REJECTED.labels(tier, policy, refused["scope"]).inc()
+            metrics.ADMISSION_BLOCK_SECONDS.labels(tier).observe(waited)
+            raise QueueFull(f"{message}; no room after waiting {waited:.2f} s", **fields)
+        pause = min(self.pause, self.timeout_seconds - waited) * random.uniform(0.8, 1.2)
+        self.pause = min(self.pause * 1.5, _BLOCK_MAX_PAUSE_SECONDS)
+        return max(pause, 0.0)
+
+
+def _in_transaction(status: TransactionStatus) -> bool:
+    return status != TransactionStatus.IDLE
+
+
+def _run_sync(
+    target: SyncTarget,
+    name: str,
+    params: dict[str, Any],
+    tenant_ids: Sequence[str],
+    timeout_seconds: float,
+    *,
+    many: bool,
+) -> list[dict[str, Any]]:
+    conn = _sync_conn(target)
+    status = conn.info.transaction_status
+    adm = _Admission(tenant_ids, timeout_seconds, in_transaction=_in_transaction(status))
+    while True:
+        try:
+            result = queries.run(conn, name, params)
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+        rows: list[dict[str, Any]] = result if many else [result]
+        pause = adm.step(rows, time.monotonic(), many=many)
+        if pause is None:
+            return rows
+        if conn.info.transaction_status == TransactionStatus.INTRANS:
+            conn.rollback()  # the transaction our statement opened; nothing else is in it
+        time.sleep(pause)
+
+
+async def _run_async(
+    target: AsyncTarget,
+    name: str,
+    params: dict[str, Any],
+    tenant_ids: Sequence[str],
+    timeout_seconds: float,
+    *,
+    many: bool,
+) -> list[dict[str, Any]]:
+    conn = await _async_conn(target)
+    status = conn.info.transaction_status
+    adm = _Admission(tenant_ids, timeout_seconds, in_transaction=_in_transaction(status))
+    while True:
+        try:
+            result = await queries.arun(conn, name, params)
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+        rows: list[dict[str, Any]] = result if many else [result]
+        pause = adm.step(rows, time.monotonic(), many=many)
+        if pause is None:
+            return rows
+        if conn.info.transaction_status == TransactionStatus.INTRANS:
+            await conn.rollback()  # the transaction our statement opened; nothing else is in it
+        await asyncio.sleep(pause)
 
 
 def _sync_conn(target: SyncTarget) -> psycopg.Connection[Any]:
@@ -126,8 +287,9 @@ def enqueue(
     kind: str = DEFAULT_KIND,
     max_attempts: int | None = None,
     run_at: datetime | None = None,
+    block_timeout_seconds: float | None = None,
     settings: Settings | None = None,
-) -> Awaitable[int]: ...
+) -> Awaitable[int | None]: ...
 @overload
 def enqueue(
     conn: SyncTarget,
@@ -139,8 +301,9 @@ def enqueue(
     kind: str = DEFAULT_KIND,
     max_attempts: int | None = None,
     run_at: datetime | None = None,
+    block_timeout_seconds: float | None = None,
     settings: Settings | None = None,
-) -> int: ...
+) -> int | None: ...
 def enqueue(
     conn: SyncTarget | AsyncTarget,
     *,
@@ -151,8 +314,9 @@ def enqueue(
     kind: str = DEFAULT_KIND,
     max_attempts: int | None = None,
     run_at: datetime | None = None,
+    block_timeout_seconds: float | None = None,
     settings: Settings | None = None,
-) -> int | Awaitable[int]:
+) -> int | Awaitable[int | None] | None:
     """Enqueue one job inside the caller's transaction and return its id.
 
     Args:
@@ -171,9 +335,13 @@ def enqueue(
         kind: the handler name (default ``anthropic.messages``).
         max_attempts: failure attempts before the job fails (default 5; 1–1000).
         run_at: earliest start (timezone-aware), default now (database clock).
+        block_timeout_seconds: when the job's tier is full and its policy is ``block``, wait
+            this long for room (default ``settings.admission_block_timeout_seconds``).
 
     Returns:
-        The job id, or an awaitable of it when ``conn`` is async.
+        The job id — or ``None`` when the job's tier is full and its admission policy is
+        ``drop`` (nothing stored; the drop is counted) — or an awaitable of it when ``conn``
+        is async.
 
     Raises:
         InvalidTenant, UnknownOrigin, InvalidSla, InvalidPayload, PayloadTooLarge,
@@ -181,8 +349,18 @@ def enqueue(
             caller's transaction stays usable and nothing is written.
         UnknownTenant: raised by the database when it requires known tenants; the caller's
             transaction is then aborted (use a savepoint to keep it).
+        QueueFull: the tier (or the tenant's share of it) holds its cap of queued jobs and the
+            policy is ``reject``, or ``block`` and no room came within the timeout. Nothing was
+            written and the caller's transaction is still usable (no savepoint needed).
+        CannotBlockInTransaction: a ``QueueFull`` for policy ``block`` when the caller has a
+            transaction open: pgqueue does not wait while holding the caller's locks.
     """
     cfg = settings or _settings()
+    timeout = (
+        cfg.admission_block_timeout_seconds
+        if block_timeout_seconds is None
+        else block_timeout_seconds
+    )
     job = check_job(
         tenant_id=tenant_id,
         origin=origin,
@@ -194,21 +372,29 @@ def enqueue(
         max_payload_bytes=cfg.max_payload_bytes,
     )
     params = _params(job)
+    tenants = [job.tenant_id]
     if _is_async(conn):
-        return _enqueue_async(conn, params)  # type: ignore[arg-type]
-    try:
-        row = queries.run(_sync_conn(conn), "job_enqueue", params)  # type: ignore[arg-type]
-    except psycopg.Error as exc:
-        raise _translate(exc) from exc
-    return int(row["id"])
+        return _enqueue_async(conn, params, tenants, timeout)  # type: ignore[arg-type]
+    rows = _run_sync(
+        conn,  # type: ignore[arg-type]
+        "job_try_enqueue",
+        params,
+        tenants,
+        timeout,
+        many=False,
+    )
+    return _id(rows[0])
 
 
-async def _enqueue_async(conn: AsyncTarget, params: dict[str, Any]) -> int:
-    try:
-        row = await queries.arun(await _async_conn(conn), "job_enqueue", params)
-    except psycopg.Error as exc:
-        raise _translate(exc) from exc
-    return int(row["id"])
+def _id(row: Mapping[str, Any]) -> int | None:
+    return None if row["id"] is None else int(row["id"])
+
+
+async def _enqueue_async(
+    conn: AsyncTarget, params: dict[str, Any], tenants: list[str], block_seconds: float
+) -> int | None:
+    rows = await _run_async(conn, "job_try_enqueue", params, tenants, block_seconds, many=False)
+    return _id(rows[0])
 
 
 def _check_many(jobs: Sequence[JobSpec | Mapping[str, Any]], cfg: Settings) -> list[CheckedJob]:
@@ -253,48 +439,64 @@ def enqueue_many(
     conn: AsyncTarget,
     jobs: Sequence[JobSpec | Mapping[str, Any]],
     *,
+    block_timeout_seconds: float | None = None,
     settings: Settings | None = None,
-) -> Awaitable[list[int]]: ...
+) -> Awaitable[list[int | None]]: ...
 @overload
 def enqueue_many(
     conn: SyncTarget,
     jobs: Sequence[JobSpec | Mapping[str, Any]],
     *,
+    block_timeout_seconds: float | None = None,
     settings: Settings | None = None,
-) -> list[int]: ...
+) -> list[int | None]: ...
 def enqueue_many(
     conn: SyncTarget | AsyncTarget,
     jobs: Sequence[JobSpec | Mapping[str, Any]],
     *,
+    block_timeout_seconds: float | None = None,
     settings: Settings | None = None,
-) -> list[int] | Awaitable[list[int]]:
+) -> list[int | None] | Awaitable[list[int | None]]:
     """Enqueue many jobs in one statement inside the caller's transaction; ids in input order.
 
     ``jobs`` holds :class:`JobSpec` values or mappings with the same keys. Every job is
     validated first; one bad job raises its typed error (prefixed ``job <index>:``) and
-    nothing is written. Raises as :func:`enqueue` does.
+    nothing is written. Admission runs in input order: a job is admitted while its tier and
+    its tenant still have room after the jobs admitted before it. A job refused by a full tier
+    whose policy is ``reject`` (or ``block``, after the wait) raises :class:`QueueFull` for
+    the whole batch — nothing is written; jobs of ``drop`` tiers that find no room are
+    dropped, ``None`` at their position. Raises as :func:`enqueue` does.
     """
     cfg = settings or _settings()
+    timeout = (
+        cfg.admission_block_timeout_seconds
+        if block_timeout_seconds is None
+        else block_timeout_seconds
+    )
     checked = _check_many(jobs, cfg)
     if not checked:
         return _empty_async() if _is_async(conn) else []
     params = _many_params(checked)
+    tenants = [j.tenant_id for j in checked]
     if _is_async(conn):
-        return _enqueue_many_async(conn, params)  # type: ignore[arg-type]
-    try:
-        rows = queries.run(_sync_conn(conn), "job_enqueue_many", params)  # type: ignore[arg-type]
-    except psycopg.Error as exc:
-        raise _translate(exc) from exc
-    return [int(r["id"]) for r in rows]
+        return _enqueue_many_async(conn, params, tenants, timeout)  # type: ignore[arg-type]
+    rows = _run_sync(
+        conn,  # type: ignore[arg-type]
+        "job_try_enqueue_many",
+        params,
+        tenants,
+        timeout,
+        many=True,
+    )
+    return [_id(r) for r in rows]
 
 
-async def _empty_async() -> list[int]:
+async def _empty_async() -> list[int | None]:
     return []
 
 
-async def _enqueue_many_async(conn: AsyncTarget, params: dict[str, Any]) -> list[int]:
-    try:
-        rows = await queries.arun(await _async_conn(conn), "job_enqueue_many", params)
-    except psycopg.Error as exc:
-        raise _translate(exc) from exc
-    return [int(r["id"]) for r in rows]
+async def _enqueue_many_async(
+    conn: AsyncTarget, params: dict[str, Any], tenants: list[str], block_seconds: float
+) -> list[int | None]:
+    rows = await _run_async(conn, "job_try_enqueue_many", params, tenants, block_seconds, many=True)
+    return [_id(r) for r in rows]

@@ -1,15 +1,21 @@
-"""The exception hierarchy: one root, three branches (usage, infrastructure, handler control).
+"""The exception hierarchy: one root, four branches (usage, admission, infrastructure, handler
+control).
 
 Every error pgqueue raises on purpose derives from :class:`PgqueueError`, so callers can catch
 the whole family in one clause. Usage errors (bad input at the boundary) also derive from
-``ValueError``; infrastructure errors describe the database or the provider; handler-control
-exceptions are raised *by handlers* to tell the executor what outcome they want.
+``ValueError``; admission errors say the queue refused a well-formed job *for now* (a full tier:
+retry later, nothing was written); infrastructure errors describe the database or the
+provider; handler-control exceptions are raised *by handlers* to tell the executor what outcome
+they want.
 
 The SQL function ``pgqueue.enqueue`` raises the same usage errors with dedicated SQLSTATEs
 (class ``PQ``); :func:`from_sqlstate` maps them back, so both entry points give one family.
 """
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 
 class PgqueueError(Exception):
@@ -75,6 +81,50 @@ class InvalidArgument(UsageError):
     """Another argument (max_attempts, run_at, batch shape) is out of range."""
 
     sqlstate = "PQ009"
+
+
+# ------------------------------------------------------------------------- admission errors
+class AdmissionError(PgqueueError):
+    """Admission control refused a valid job for now; nothing was written, and the caller's
+    transaction is still usable. Retrying later can succeed."""
+
+
+class QueueFull(AdmissionError):
+    """The job's tier, or its tenant within the tier, holds its cap of queued jobs.
+
+    Raised for tiers whose policy is ``reject``, and for ``block`` once the wait timed out.
+    Attributes: ``tier``, ``tenant_id``, ``depth`` (queued jobs counted), ``cap``, ``scope``
+    (``"tier"`` or ``"tenant"``: which cap is reached) and ``policy``. The SQL function
+    ``pgqueue.enqueue`` raises SQLSTATE ``PQ010`` for the same verdict.
+    """
+
+    sqlstate = "PQ010"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        tier: str | None = None,
+        tenant_id: str | None = None,
+        depth: int | None = None,
+        cap: int | None = None,
+        scope: str | None = None,
+        policy: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.tier = tier
+        self.tenant_id = tenant_id
+        self.depth = depth
+        self.cap = cap
+        self.scope = scope
+        self.policy = policy
+
+
+class CannotBlockInTransaction(QueueFull):
+    """The tier is full and its policy is ``block``, but the caller has a transaction open:
+    waiting would hold the caller's locks (and its snapshot) for the whole wait, so pgqueue
+    refuses to wait. Enqueue outside a transaction (autocommit, or before ``BEGIN``) to wait
+    for room, or treat this like ``reject``."""
 
 
 # --------------------------------------------------------------------- infrastructure errors
@@ -153,11 +203,25 @@ USAGE_ERRORS: tuple[type[UsageError], ...] = (
 _BY_SQLSTATE: dict[str, type[UsageError]] = {cls.sqlstate: cls for cls in USAGE_ERRORS}
 
 
-def from_sqlstate(sqlstate: str | None, message: str) -> UsageError | None:
-    """Map a ``PQxxx`` SQLSTATE raised by ``pgqueue.enqueue`` to its Python error, else None."""
+def from_sqlstate(
+    sqlstate: str | None, message: str, detail: str | None = None
+) -> UsageError | QueueFull | None:
+    """Map a ``PQxxx`` SQLSTATE raised by ``pgqueue.enqueue`` to its Python error, else None.
+
+    For ``PQ010`` (:class:`QueueFull`) ``detail`` is the JSON verdict the database sends in
+    the error's DETAIL field.
+    """
     if sqlstate is None:
         return None
     if sqlstate == "22P05":  # untranslatable_character: \u0000 in jsonb or text
         return NulCharacter(message)
+    if sqlstate == QueueFull.sqlstate:
+        fields: dict[str, Any] = {}
+        try:
+            fields = json.loads(detail) if detail else {}
+        except ValueError:
+            fields = {}
+        known = ("tier", "tenant_id", "depth", "cap", "scope", "policy")
+        return QueueFull(message, **{k: fields.get(k) for k in known})
     cls = _BY_SQLSTATE.get(sqlstate)
     return cls(message) if cls is not None else None

@@ -20,6 +20,14 @@ class Tier(enum.StrEnum):
     BATCH = "batch"
 
 
+class AdmissionPolicy(enum.StrEnum):
+    """What a full tier does with a new job (``pgqueue.admission.policy``)."""
+
+    REJECT = "reject"  # raise QueueFull (SQLSTATE PQ010); nothing written
+    BLOCK = "block"  # the Python producer waits for room up to a timeout, then QueueFull
+    DROP = "drop"  # not stored; enqueue returns None; the drop is counted (never critical)
+
+
 class Origin(enum.StrEnum):
     """Why a job exists; callers pass this, never a tier."""
 

@@ -33,6 +33,11 @@ class Settings(BaseSettings):
     max_payload_bytes: int = Field(default=1_048_576, gt=0)
     max_tenant_id_chars: int = Field(default=128, gt=0)
     default_max_attempts: int = Field(default=5, ge=1, le=1000)
+    admission_block_timeout_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        description="How long enqueue waits for room in a full tier whose policy is block.",
+    )
 
     # --- worker
     concurrency: int = Field(default=10, ge=1, le=10_000)
@@ -46,6 +51,11 @@ class Settings(BaseSettings):
         default=None,
         ge=0,
         description="Workers delete jobs finished longer ago than this; None keeps them.",
+    )
+    counters_compact_interval_seconds: float | None = Field(
+        default=5.0,
+        gt=0,
+        description="How often a worker folds the queued counters' delta rows; None: never.",
     )
     burst_horizon_seconds: float = Field(
         default=60.0,

@@ -95,6 +95,34 @@ SLOTS_IN_USE = Gauge(
 )
 SLOTS = Gauge("pgqueue_worker_slots", "This worker's concurrency.", registry=WORKER_REGISTRY)
 
+# Admission control, counted by the process that enqueues (producers share this registry).
+ADMISSION_REJECTED = Counter(
+    "pgqueue_admission_rejected",
+    "Enqueue calls refused with QueueFull, by tier, policy (reject, or block after waiting or "
+    "inside a transaction) and the cap reached (tier or tenant).",
+    ["tier", "policy", "scope"],
+    registry=WORKER_REGISTRY,
+)
+ADMISSION_DROPPED = Counter(
+    "pgqueue_admission_dropped",
+    "Jobs not stored because their tier was full and its policy is drop.",
+    ["tier", "scope"],
+    registry=WORKER_REGISTRY,
+)
+ADMISSION_BLOCKED = Counter(
+    "pgqueue_admission_blocked",
+    "Enqueue calls that waited for room in a full tier whose policy is block.",
+    ["tier"],
+    registry=WORKER_REGISTRY,
+)
+ADMISSION_BLOCK_SECONDS = Histogram(
+    "pgqueue_admission_block_duration_seconds",
+    "Time blocked enqueue calls waited for room (admitted or timed out), seconds.",
+    ["tier"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+    registry=WORKER_REGISTRY,
+)
+
 
 # ------------------------------------------------------------------------ database series
 def _cap(values: dict[str, float], top: int) -> dict[str, float]:
@@ -155,6 +183,7 @@ class DatabaseCollector(Collector):
             r["tenant_id"]: float(r["input_tokens"])
             for r in queries.run(conn, "metrics_input_tokens_by_tenant")
         }
+        admission = {r["tier"]: r for r in queries.run(conn, "admission_status")}
         return {
             "depth": depth,
             "throttles": _cap(throttles, self._top),
@@ -162,6 +191,12 @@ class DatabaseCollector(Collector):
             "fairness": float(fairness["jain_weighted"]),
             "fairness_unweighted": float(fairness["jain_unweighted"]),
             "tokens": _cap(tokens, self._top),
+            "dropped": {t: float(r["dropped"]) for t, r in admission.items()},
+            "caps": {
+                t: float(r["max_queued"])
+                for t, r in admission.items()
+                if r["max_queued"] is not None
+            },
         }
 
     def _read_latencies(self, conn: psycopg.Connection[Any]) -> None:
@@ -237,6 +272,22 @@ class DatabaseCollector(Collector):
         for tenant, value in sorted(snap.get("tokens", {}).items()):
             tokens.add_metric([tenant], value)
         yield tokens
+        dropped = CounterMetricFamily(
+            "pgqueue_admission_dropped_jobs",
+            "Jobs admission control dropped (tier full, policy drop), from the database.",
+            labels=["priority"],
+        )
+        for tier in TIERS:
+            dropped.add_metric([tier], snap.get("dropped", {}).get(tier, 0.0))
+        yield dropped
+        caps = GaugeMetricFamily(
+            "pgqueue_admission_max_queued_jobs",
+            "The tier's cap of queued jobs (tiers without a cap are absent).",
+            labels=["priority"],
+        )
+        for tier, value in sorted(snap.get("caps", {}).items()):
+            caps.add_metric([tier], value)
+        yield caps
         yield CounterMetricFamily(
             "pgqueue_exporter_errors", "Failed database refreshes.", value=float(self._errors)
         )

@@ -202,6 +202,10 @@ class Worker:
             asyncio.create_task(self._heartbeat_loop(), name="pgqueue-heartbeat"),
             asyncio.create_task(self._rescue_loop(), name="pgqueue-rescuer"),
         ]
+        if self.settings.counters_compact_interval_seconds is not None:
+            background.append(
+                asyncio.create_task(self._compact_loop(), name="pgqueue-counters-compactor")
+            )
         if self.listen:
             notifier = Notifier(self.dsn, self.wake)
             background.append(asyncio.create_task(notifier.run(self._stop), name="pgqueue-listen"))
@@ -390,6 +394,19 @@ class Worker:
                 )
         except psycopg.Error as exc:
             log.warning("prune failed (%s); will retry", exc)
+
+    async def _compact_loop(self) -> None:
+        """Fold the queued counters' delta rows (admission control) now and then."""
+        assert self._pool is not None
+        interval = self.settings.counters_compact_interval_seconds
+        assert interval is not None
+        while True:
+            await asyncio.sleep(interval * self._rng.uniform(0.8, 1.2))
+            try:
+                async with self._pool.connection() as conn:
+                    await queries.arun(conn, "queue_counts_compact", {"max_rows": 10000})
+            except psycopg.Error as exc:
+                log.warning("counter compaction failed (%s); will retry", exc)
 
     async def _close_handlers(self) -> None:
         for kind in self.registry:

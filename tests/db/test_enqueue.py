@@ -203,3 +203,32 @@ def test_require_known_tenant(db_dsn):
 def test_wrong_connection_type_is_a_typed_error():
     with pytest.raises(pgqueue.InvalidArgument):
         pgqueue.enqueue(object(), tenant_id="a", origin="user_action", payload=PAYLOAD)  # type: ignore[call-overload]
+
+
+def test_concurrent_batches_registering_the_same_new_tenants_do_not_deadlock(db_dsn):
+    import threading
+
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def batch(tenants: list[str]) -> None:
+        try:
+            with psycopg.connect(db_dsn) as conn:
+                barrier.wait(timeout=10)
+                pgqueue.enqueue_many(conn, [JobSpec(t, "batch_job", PAYLOAD) for t in tenants])
+                conn.commit()
+        except BaseException as exc:
+            errors.append(exc)
+
+    for round_ in range(25):
+        names = [f"r{round_}-{i}" for i in range(8)]
+        threads = [
+            threading.Thread(target=batch, args=(names,)),
+            threading.Thread(target=batch, args=(names[::-1],)),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert not errors, errors[:3]
+    assert _count(db_dsn, "tenants") == 25 * 8

@@ -1,7 +1,10 @@
 -- Enqueue: thin wrappers over the SQL functions, so SQL callers and Python share one path.
+-- Python calls the try_ variants: a full tier comes back as a row (outcome 'full'), not as an
+-- error, so the caller's transaction stays usable; pgqueue.enqueue raises PQ010 instead.
 
--- name: job_enqueue :one
-SELECT pgqueue.enqueue(
+-- name: job_try_enqueue :one
+SELECT t.id, t.outcome, t.tier::text AS tier, t.policy, t.scope, t.depth, t.cap
+FROM pgqueue.try_enqueue(
     tenant_id => %(tenant_id)s,
     origin => %(origin)s,
     payload => %(payload)s,
@@ -9,13 +12,15 @@ SELECT pgqueue.enqueue(
     kind => %(kind)s,
     max_attempts => %(max_attempts)s,
     run_at => %(run_at)s
-) AS id
+) AS t
 
--- name: job_enqueue_many :many
-SELECT id FROM pgqueue.enqueue_many(
+-- name: job_try_enqueue_many :many
+SELECT t.ord, t.id, t.outcome, t.tier::text AS tier, t.policy, t.scope, t.depth, t.cap
+FROM pgqueue.try_enqueue_many(
     tenant_ids => %(tenant_ids)s,
     origins => %(origins)s,
     payloads => %(payloads)s::jsonb[],
     sla_seconds => %(sla_seconds)s::double precision[],
     kinds => %(kinds)s::text[]
-) AS id
+) AS t
+ORDER BY t.ord

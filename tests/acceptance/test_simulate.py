@@ -1,0 +1,106 @@
+"""`pgqueue simulate`: the table / JSON shape, and the experiment's two findings on the real
+queue — tiers + scheduler keep urgent p95 within 3 × the urgent service time, while the shared
+FIFO's urgent p95 grows with its backlog."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from pgqueue.cli import app
+from pgqueue.simulate import SimulateOptions, percentile, run_simulation
+
+# Longer service times than the CLI default leave room for a loaded 2-core test machine.
+SLOW = {
+    "urgent_service_seconds": (0.1, 0.3),
+    "normal_service_seconds": (0.4, 0.8),
+    "arrival_rate_per_second": 60.0,
+    "workers": 12,
+}
+
+
+def test_percentile_is_nearest_rank():
+    assert percentile([], 0.5) is None
+    assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
+    assert percentile(list(range(1, 101)), 0.95) == 95
+    assert percentile([5.0], 0.99) == 5.0
+
+
+def test_options_are_validated():
+    with pytest.raises(ValueError, match="unknown strategy"):
+        SimulateOptions(strategies=("lifo",)).validate()
+    with pytest.raises(ValueError, match="unknown normal policy"):
+        SimulateOptions(policies=("shed",)).validate()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_simulate_json_shape_and_tiers_keep_urgent_fast(server_dsn):
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--duration",
+            "4",
+            "--strategies",
+            "fifo,strict",
+            "--policies",
+            "drop,reject",
+            "--json",
+            "--dsn",
+            server_dsn,
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [s["scenario"] for s in doc["scenarios"]] == [
+        "fifo/drop",
+        "fifo/reject",
+        "strict/drop",
+        "strict/reject",
+    ]
+    for s in doc["scenarios"]:
+        for cls in ("urgent", "normal"):
+            assert set(s[cls]) >= {"count", "p50_ms", "p95_ms", "p99_ms", "dropped", "rejected"}
+        assert s["normal"]["count"] > 0
+    by = {s["scenario"]: s for s in doc["scenarios"]}
+    assert by["fifo/drop"]["normal"]["dropped"] > 0
+    assert by["fifo/reject"]["normal"]["rejected"] > 0
+    assert by["strict/drop"]["urgent"]["dropped"] == 0  # critical work is never dropped
+    assert "tiers_urgent_p95_within_bound" in doc["verdict"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_fifo_urgent_p95_grows_with_backlog_while_tiers_stay_within_3x(server_dsn):
+    def run(strategy: str, cap: int):
+        options = SimulateOptions(
+            duration_seconds=3.0, strategies=(strategy,), policies=("drop",), normal_cap=cap, **SLOW
+        )
+        (only,) = run_simulation(server_dsn, options)
+        return only, options
+
+    small, _ = run("fifo", 8)
+    large, _ = run("fifo", 60)
+    tiers, options = run("strict", 60)
+    assert large.backlog_mean > 2 * small.backlog_mean
+    assert large.urgent.p95_ms > 1.5 * small.urgent.p95_ms
+    bound_ms = 3 * options.urgent_service_mean_seconds * 1000
+    assert tiers.urgent.count >= 5
+    assert tiers.urgent.p95_ms <= bound_ms, (tiers.urgent, bound_ms)
+    assert large.urgent.p95_ms > bound_ms
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from pgqueue.simulate import ClassStats, ScenarioResult, plot
+
+    rows = [
+        ScenarioResult("fifo", "drop", 1.0, 40.0, urgent=ClassStats(p95_ms=900.0)),
+        ScenarioResult("strict", "drop", 1.0, 40.0, urgent=ClassStats(p95_ms=80.0)),
+    ]
+    out = tmp_path / "p95.png"
+    plot(rows, str(out), 120.0)
+    assert out.read_bytes()[:4] == b"\x89PNG"
