@@ -42,6 +42,12 @@ class Settings(BaseSettings):
     # --- worker
     concurrency: int = Field(default=10, ge=1, le=10_000)
     poll_interval_seconds: float = Field(default=1.0, gt=0)
+    claim_fold_seconds: float = Field(
+        default=0.005,
+        ge=0,
+        description="A busy worker waits this long for more free slots before claiming, so "
+        "that one claim takes several jobs; an idle worker claims at once.",
+    )
     lease_seconds: float = Field(default=120.0, gt=0)
     heartbeat_seconds: float = Field(default=15.0, gt=0)
     provider_timeout_seconds: float = Field(default=90.0, gt=0)

@@ -234,6 +234,10 @@ class Worker:
     async def _produce(self) -> None:
         while not self._stopping:
             free = self.concurrency - len(self._inflight)
+            if 0 < free < self.concurrency // 2 and self.settings.claim_fold_seconds > 0:
+                # Busy: let a few more slots free up so that one claim takes several jobs.
+                await asyncio.sleep(self.settings.claim_fold_seconds)
+                free = self.concurrency - len(self._inflight)
             claimed = 0
             if free > 0:
                 self._wake.clear()

@@ -217,7 +217,11 @@ DECLARE
     blocked_wait double precision;
     tries integer := 0;
 BEGIN
-    -- The scheduler's lock, held to commit, so that the redo sees the same state.
+    -- The scheduler's lock, held to commit, so that the redo sees the same state. The claim's
+    -- commit does not wait for its WAL flush: the lock is released sooner, and a claim lost in
+    -- a crash only leaves its jobs queued, to be claimed again (at-least-once execution;
+    -- every completion is fenced by the lease token).
+    PERFORM set_config('synchronous_commit', 'off', true);
     PERFORM pg_advisory_xact_lock(7310575183440224370);
     LOOP
         tries := tries + 1;
