@@ -83,6 +83,7 @@ def _params(job: CheckedJob) -> dict[str, Any]:
         "kind": job.kind,
         "max_attempts": job.max_attempts,
         "run_at": job.run_at,
+        "dedupe_key": job.dedupe_key,
     }
 
 
@@ -287,6 +288,7 @@ def enqueue(
     kind: str = DEFAULT_KIND,
     max_attempts: int | None = None,
     run_at: datetime | None = None,
+    dedupe_key: str | None = None,
     block_timeout_seconds: float | None = None,
     settings: Settings | None = None,
 ) -> Awaitable[int | None]: ...
@@ -301,6 +303,7 @@ def enqueue(
     kind: str = DEFAULT_KIND,
     max_attempts: int | None = None,
     run_at: datetime | None = None,
+    dedupe_key: str | None = None,
     block_timeout_seconds: float | None = None,
     settings: Settings | None = None,
 ) -> int | None: ...
@@ -314,6 +317,7 @@ def enqueue(
     kind: str = DEFAULT_KIND,
     max_attempts: int | None = None,
     run_at: datetime | None = None,
+    dedupe_key: str | None = None,
     block_timeout_seconds: float | None = None,
     settings: Settings | None = None,
 ) -> int | Awaitable[int | None] | None:
@@ -334,6 +338,10 @@ def enqueue(
         sla_seconds: seconds the caller can wait, ``None`` for no SLA; finite and ≥ 0.
         kind: the handler name (default ``anthropic.messages``).
         max_attempts: failure attempts before the job fails (default 5; 1–1000).
+        dedupe_key: optional, 1–256 characters, unique among the tenant's live (queued or
+            running) jobs: enqueueing a key that is live returns the existing job's id and
+            writes nothing (at-least-once producers made safe). Once that job has finished,
+            the key may be used again.
         run_at: earliest start (timezone-aware), default now (database clock).
         block_timeout_seconds: when the job's tier is full and its policy is ``block``, wait
             this long for room (default ``settings.admission_block_timeout_seconds``).
@@ -369,6 +377,7 @@ def enqueue(
         kind=kind,
         max_attempts=max_attempts,
         run_at=run_at,
+        dedupe_key=dedupe_key,
         max_payload_bytes=cfg.max_payload_bytes,
     )
     params = _params(job)

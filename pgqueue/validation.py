@@ -30,6 +30,7 @@ from pgqueue.models import DEFAULT_KIND, Origin
 MAX_TENANT_ID_CHARS = 128
 MAX_KIND_CHARS = 128
 MAX_ATTEMPTS_LIMIT = 1000
+MAX_DEDUPE_KEY_CHARS = 256
 _INT32_MAX = 2_147_483_647
 # An escaped U+0000 that is not itself an escaped backslash followed by "u0000".
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -47,6 +48,7 @@ class CheckedJob:
     kind: str
     max_attempts: int | None
     run_at: datetime | None
+    dedupe_key: str | None = None
 
 
 def _check_text(value: object, what: str, limit: int, error: type[Exception]) -> str:
@@ -139,6 +141,7 @@ def check_job(
     max_attempts: object = None,
     run_at: object = None,
     max_payload_bytes: int = 1_048_576,
+    dedupe_key: object = None,
 ) -> CheckedJob:
     """Validate one job's arguments; raise the first typed :class:`UsageError` found.
 
@@ -166,4 +169,7 @@ def check_job(
         check_messages_payload(payload)
     if run_at is not None and not (isinstance(run_at, datetime) and run_at.tzinfo is not None):
         raise InvalidArgument("run_at must be a timezone-aware datetime or None")
-    return CheckedJob(tid, parsed_origin, payload, text, sla, kind_text, max_attempts, run_at)
+    key = None
+    if dedupe_key is not None:
+        key = _check_text(dedupe_key, "dedupe_key", MAX_DEDUPE_KEY_CHARS, InvalidArgument)
+    return CheckedJob(tid, parsed_origin, payload, text, sla, kind_text, max_attempts, run_at, key)

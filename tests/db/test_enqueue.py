@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
@@ -232,3 +233,71 @@ def test_concurrent_batches_registering_the_same_new_tenants_do_not_deadlock(db_
             t.join(30)
     assert not errors, errors[:3]
     assert _count(db_dsn, "tenants") == 25 * 8
+
+
+def test_dedupe_key_returns_the_live_job(db_dsn):
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        first = pgqueue.enqueue(
+            conn,
+            tenant_id="a",
+            origin="scheduled",
+            sla_seconds=60,
+            payload=PAYLOAD,
+            dedupe_key="order-42",
+        )
+        again = pgqueue.enqueue(
+            conn,
+            tenant_id="a",
+            origin="scheduled",
+            sla_seconds=60,
+            payload=PAYLOAD,
+            dedupe_key="order-42",
+        )
+        other_tenant = pgqueue.enqueue(
+            conn, tenant_id="b", origin="scheduled", payload=PAYLOAD, dedupe_key="order-42"
+        )
+        no_key = pgqueue.enqueue(conn, tenant_id="a", origin="scheduled", payload=PAYLOAD)
+        assert again == first and other_tenant != first and no_key != first
+        assert _count(db_dsn) == 3
+        # SQL callers get the same answer
+        sql_again = conn.execute(
+            "SELECT pgqueue.enqueue('a', 'scheduled', %s, dedupe_key => 'order-42')",
+            (Jsonb(PAYLOAD),),
+        ).fetchone()[0]
+        assert sql_again == first
+        # once the job has finished, the key is free again
+        conn.execute(
+            "UPDATE pgqueue.jobs SET state = 'succeeded', finished_at = now() WHERE id = %s",
+            (first,),
+        )
+        later = pgqueue.enqueue(
+            conn, tenant_id="a", origin="scheduled", payload=PAYLOAD, dedupe_key="order-42"
+        )
+        assert later not in (first, None)
+        with pytest.raises(pgqueue.InvalidArgument):
+            pgqueue.enqueue(conn, tenant_id="a", origin="scheduled", payload=PAYLOAD, dedupe_key="")
+
+
+def test_concurrent_enqueues_of_one_dedupe_key_make_one_job(db_dsn):
+    import threading
+
+    ids: list[int | None] = []
+    barrier = threading.Barrier(4)
+
+    def producer() -> None:
+        with psycopg.connect(db_dsn) as conn:
+            barrier.wait(timeout=10)
+            ids.append(
+                pgqueue.enqueue(
+                    conn, tenant_id="a", origin="user_action", payload=PAYLOAD, dedupe_key="k"
+                )
+            )
+            conn.commit()
+
+    threads = [threading.Thread(target=producer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(ids) == 4 and len(set(ids)) == 1
+    assert _count(db_dsn) == 1

@@ -40,6 +40,8 @@ def downgrade() -> None:
         DROP TYPE IF EXISTS pgqueue.enqueue_batch_item;
         DROP TABLE IF EXISTS pgqueue.queue_counts, pgqueue.admission;
         ALTER TABLE pgqueue.tenants DROP COLUMN IF EXISTS max_queued;
+        DROP INDEX IF EXISTS pgqueue.jobs_dedupe_live_idx;
+        ALTER TABLE pgqueue.jobs DROP COLUMN IF EXISTS dedupe_key;
         """
     )
     op.execute(_DOWN_SQL.read_text(encoding="utf-8"))

@@ -249,6 +249,14 @@ $$;
 
 -- ---------------------------------------------------------------------------------- enqueue
 
+-- At-least-once made safe: an optional dedupe key, unique among a tenant's live (queued or
+-- running) jobs. Enqueueing a key that is live returns the existing job's id and writes
+-- nothing; once that job has finished, the key may be used again.
+ALTER TABLE pgqueue.jobs ADD COLUMN dedupe_key text
+    CHECK (dedupe_key IS NULL OR (dedupe_key <> '' AND char_length(dedupe_key) <= 256));
+CREATE UNIQUE INDEX jobs_dedupe_live_idx ON pgqueue.jobs (tenant_id, dedupe_key)
+    WHERE dedupe_key IS NOT NULL AND state IN ('queued', 'running');
+
 -- Enqueue one job unless admission control refuses it; never raises for a full queue.
 -- outcome: 'enqueued' (id set), 'dropped' (tier policy drop: nothing stored, the drop
 -- counted) or 'full' (policy reject or block: nothing written at all). Bad input raises the
@@ -258,11 +266,13 @@ CREATE FUNCTION pgqueue.try_enqueue(tenant_id text, origin text, payload jsonb,
                                     sla_seconds double precision DEFAULT NULL,
                                     kind text DEFAULT 'anthropic.messages',
                                     max_attempts integer DEFAULT NULL,
-                                    run_at timestamptz DEFAULT NULL)
+                                    run_at timestamptz DEFAULT NULL,
+                                    dedupe_key text DEFAULT NULL)
 RETURNS TABLE (id bigint, outcome text, tier pgqueue.tier, policy text, scope text,
                depth bigint, cap bigint)
 LANGUAGE plpgsql
 AS $$
+#variable_conflict use_column
 DECLARE
     o pgqueue.origin;
     t pgqueue.tier;
@@ -273,6 +283,19 @@ BEGIN
     o := pgqueue.validate_job(try_enqueue.tenant_id, try_enqueue.origin, try_enqueue.payload,
                               try_enqueue.sla_seconds, try_enqueue.kind,
                               try_enqueue.max_attempts);
+    IF try_enqueue.dedupe_key IS NOT NULL THEN
+        IF try_enqueue.dedupe_key = '' OR char_length(try_enqueue.dedupe_key) > 256 THEN
+            RAISE EXCEPTION 'dedupe_key must be 1 to 256 characters' USING ERRCODE = 'PQ009';
+        END IF;
+        SELECT j.id INTO new_id FROM pgqueue.jobs j
+        WHERE j.tenant_id = try_enqueue.tenant_id AND j.dedupe_key = try_enqueue.dedupe_key
+          AND j.state IN ('queued', 'running');
+        IF FOUND THEN
+            RETURN QUERY SELECT new_id, 'duplicate'::text, NULL::pgqueue.tier, NULL::text,
+                                NULL::text, NULL::bigint, NULL::bigint;
+            RETURN;
+        END IF;
+    END IF;
     t := pgqueue.classify(o, try_enqueue.sla_seconds, pgqueue.is_demoted(try_enqueue.tenant_id));
     v := pgqueue.admission_check(t, try_enqueue.tenant_id, 1);
     IF NOT v.admitted THEN
@@ -291,13 +314,24 @@ BEGIN
     est := pgqueue.estimate_input_tokens(try_enqueue.payload);
     INSERT INTO pgqueue.jobs AS j (tenant_id, kind, origin, sla_seconds, priority, payload,
                                    model, est_input_tokens, max_output_tokens, cost,
-                                   max_attempts, run_at)
+                                   max_attempts, run_at, dedupe_key)
     VALUES (try_enqueue.tenant_id, try_enqueue.kind, o, try_enqueue.sla_seconds, t,
             try_enqueue.payload, try_enqueue.payload ->> 'model', est,
             pgqueue.payload_max_tokens(try_enqueue.payload),
             pgqueue.job_cost(est), coalesce(try_enqueue.max_attempts, 5),
-            coalesce(try_enqueue.run_at, now()))
+            coalesce(try_enqueue.run_at, now()), try_enqueue.dedupe_key)
+    ON CONFLICT (tenant_id, dedupe_key)
+        WHERE dedupe_key IS NOT NULL AND state IN ('queued', 'running')
+        DO NOTHING
     RETURNING j.id INTO new_id;
+    IF new_id IS NULL THEN  -- a concurrent enqueue of the same key won the race
+        SELECT j.id INTO new_id FROM pgqueue.jobs j
+        WHERE j.tenant_id = try_enqueue.tenant_id AND j.dedupe_key = try_enqueue.dedupe_key
+          AND j.state IN ('queued', 'running');
+        RETURN QUERY SELECT new_id, 'duplicate'::text, NULL::pgqueue.tier, NULL::text,
+                            NULL::text, NULL::bigint, NULL::bigint;
+        RETURN;
+    END IF;
     RETURN QUERY SELECT new_id, 'enqueued'::text, t, v.policy, NULL::text, NULL::bigint,
                         NULL::bigint;
 END
@@ -326,11 +360,13 @@ $$;
 -- Enqueue one job inside the caller's transaction; returns its id, or NULL when the tier's
 -- admission policy dropped it. A full tier with policy reject or block raises PQ010 before
 -- writing anything (SQL cannot wait; the Python producer implements block).
-CREATE OR REPLACE FUNCTION pgqueue.enqueue(tenant_id text, origin text, payload jsonb,
-                                           sla_seconds double precision DEFAULT NULL,
-                                           kind text DEFAULT 'anthropic.messages',
-                                           max_attempts integer DEFAULT NULL,
-                                           run_at timestamptz DEFAULT NULL)
+DROP FUNCTION pgqueue.enqueue(text, text, jsonb, double precision, text, integer, timestamptz);
+CREATE FUNCTION pgqueue.enqueue(tenant_id text, origin text, payload jsonb,
+                                sla_seconds double precision DEFAULT NULL,
+                                kind text DEFAULT 'anthropic.messages',
+                                max_attempts integer DEFAULT NULL,
+                                run_at timestamptz DEFAULT NULL,
+                                dedupe_key text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql
 AS $$
@@ -340,7 +376,7 @@ BEGIN
     SELECT * INTO r
     FROM pgqueue.try_enqueue(enqueue.tenant_id, enqueue.origin, enqueue.payload,
                              enqueue.sla_seconds, enqueue.kind, enqueue.max_attempts,
-                             enqueue.run_at);
+                             enqueue.run_at, enqueue.dedupe_key);
     IF r.outcome = 'full' THEN
         PERFORM pgqueue.raise_queue_full(r.tier, enqueue.tenant_id, r.policy, r.scope, r.depth,
                                          r.cap);

@@ -11,7 +11,8 @@ FROM pgqueue.try_enqueue(
     sla_seconds => %(sla_seconds)s,
     kind => %(kind)s,
     max_attempts => %(max_attempts)s,
-    run_at => %(run_at)s
+    run_at => %(run_at)s,
+    dedupe_key => %(dedupe_key)s
 ) AS t
 
 -- name: job_try_enqueue_many :many
