@@ -1,0 +1,135 @@
+"""The ``pgqueue`` command line: thin typer commands that parse, call one function, format.
+
+The commands live in :mod:`pgqueue.cli.admin` (schema, enqueue, status, tenants, limits,
+admission, retry, prune) and :mod:`pgqueue.cli.run` (work, metrics, sandbox, replay, demo,
+bench, simulate); this module holds the app, the shared options and the error handling.
+
+Every command goes through :func:`cli_errors`, so a user error prints one line and exits 2, an
+environment problem (database unreachable, schema missing) prints one line and exits 1, and
+neither shows a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from collections.abc import Callable
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+import psycopg
+import typer
+from rich.console import Console
+
+from pgqueue.errors import AdmissionError, PgqueueError, UsageError
+from pgqueue.settings import Settings, load_settings
+
+app = typer.Typer(
+    help="pgqueue: a Postgres-native job queue for rate-limited LLM APIs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+tenants_app = typer.Typer(help="List and configure tenants (plan, quantum, daily budget).")
+app.add_typer(tenants_app, name="tenants")
+limits_app = typer.Typer(help="The provider's rate limits per model, shared by all workers.")
+app.add_typer(limits_app, name="limits")
+admission_app = typer.Typer(help="Admission control: caps of queued jobs and tier policies.")
+app.add_typer(admission_app, name="admission")
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+DsnOption = Annotated[
+    str | None,
+    typer.Option("--dsn", help="Postgres DSN; default PGQUEUE_DSN, else the embedded server."),
+]
+_INT32_MAX = 2_147_483_647
+_PLAN = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
+
+
+def _say(kind: str, message: str) -> None:
+    from rich.markup import escape
+
+    err_console.print(f"[red]{escape(kind)}:[/red] {escape(message)}", highlight=False)
+
+
+def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn the errors a user can meet into one line on stderr and an exit code.
+
+    Exit 2: bad input (:class:`UsageError`, bad files, a malformed DSN). Exit 75 (EX_TEMPFAIL):
+    admission control refused the job for now (:class:`AdmissionError`, e.g. ``QueueFull``);
+    retry later. Exit 1: the environment (unreachable database, missing schema, any other
+    pgqueue or database error).
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except UsageError as exc:
+            _say(type(exc).__name__, str(exc))
+            raise typer.Exit(2) from None
+        except AdmissionError as exc:
+            _say(type(exc).__name__, str(exc))
+            raise typer.Exit(75) from None
+        except PgqueueError as exc:
+            _say(type(exc).__name__, str(exc))
+            raise typer.Exit(1) from None
+        except psycopg.OperationalError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            _say("cannot reach Postgres", first)
+            raise typer.Exit(1) from None
+        except (
+            psycopg.errors.UndefinedTable,
+            psycopg.errors.InvalidSchemaName,
+            psycopg.errors.UndefinedFunction,
+        ):
+            _say("SchemaOutOfDate", "the pgqueue schema is missing here; run `pgqueue migrate`")
+            raise typer.Exit(1) from None
+        except psycopg.errors.NumericValueOutOfRange as exc:
+            _say("InvalidArgument", exc.diag.message_primary or str(exc))
+            raise typer.Exit(2) from None
+        except psycopg.ProgrammingError as exc:
+            _say("invalid DSN or query", str(exc).strip().splitlines()[0])
+            raise typer.Exit(2) from None
+        except psycopg.Error as exc:
+            _say("database error", exc.diag.message_primary or str(exc))
+            raise typer.Exit(1) from None
+        except OSError as exc:
+            _say(type(exc).__name__, str(exc))
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def _settings(**overrides: Any) -> Settings:
+    try:
+        return load_settings(**overrides)
+    except ValueError as exc:
+        _say("invalid settings", str(exc))
+        raise typer.Exit(2) from None
+
+
+def _dsn(settings: Settings, dsn: str | None) -> str:
+    from pgqueue.db.connect import resolve_dsn
+
+    return resolve_dsn(settings, dsn)
+
+
+@app.callback()
+def main(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
+) -> None:
+    """Configure logging for every command."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+# The commands register themselves on `app` when imported.
+from pgqueue.cli import admin, run  # noqa: E402, F401

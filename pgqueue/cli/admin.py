@@ -1,0 +1,382 @@
+"""Commands that manage the queue's data: schema, enqueue, status, tenants, limits,
+admission, retry, prune."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import psycopg
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pgqueue.cli import (
+    _INT32_MAX,
+    _PLAN,
+    DsnOption,
+    _dsn,
+    _settings,
+    admission_app,
+    app,
+    cli_errors,
+    console,
+    limits_app,
+    tenants_app,
+)
+
+
+@app.command()
+@cli_errors
+def migrate(dsn: DsnOption = None) -> None:
+    """Create or upgrade the pgqueue schema (alembic; safe to run concurrently)."""
+    from pgqueue.db import migrate as m
+
+    target = _dsn(_settings(), dsn)
+    m.upgrade(target)
+    console.print(f"pgqueue schema at revision {m.head_revision()}")
+
+
+@app.command()
+@cli_errors
+def grant(dsn: DsnOption = None) -> None:
+    """Create the roles pgqueue_producer / _worker / _admin, grant them, turn on tenant scoping
+    and row-level security (idempotent; run after `pgqueue migrate`)."""
+    from pgqueue.db import queries
+
+    with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
+        queries.run(conn, "security_grant")
+    console.print(
+        "granted: pgqueue_producer (enqueue, reads its tenant's jobs), pgqueue_worker, "
+        "pgqueue_admin; row-level security on pgqueue.jobs and pgqueue.usage_daily"
+    )
+
+
+@app.command()
+@cli_errors
+def dsn(
+    show_password: Annotated[
+        bool, typer.Option(help="Print a configured password instead of ****.")
+    ] = False,
+) -> None:
+    """Print the DSN commands use (starting the embedded server if that is the default)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    target = _dsn(_settings(), None)
+    if not show_password and conninfo_to_dict(target).get("password"):
+        target = make_conninfo(target, password="****")
+    sys.stdout.write(target + "\n")
+
+
+def _read_payload(payload: str) -> Any:
+    import pgqueue
+
+    raw = Path(payload[1:]).read_text(encoding="utf-8") if payload.startswith("@") else payload
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise pgqueue.InvalidPayload(f"--payload is not JSON: {exc}") from None
+
+
+@app.command()
+@cli_errors
+def enqueue(
+    tenant: Annotated[str, typer.Argument(help="Tenant id.")],
+    origin: Annotated[str, typer.Option(help="user_action | scheduled | batch_job")] = "scheduled",
+    sla_seconds: Annotated[float | None, typer.Option(help="SLA in seconds; none = batch.")] = None,
+    prompt: Annotated[str | None, typer.Option(help="User message text.")] = None,
+    payload: Annotated[
+        str | None, typer.Option(help="Messages API parameters as JSON, or @file.json.")
+    ] = None,
+    model: Annotated[str, typer.Option(help="Model, with --prompt.")] = "claude-haiku-4-5",
+    max_tokens: Annotated[
+        int, typer.Option(min=1, max=_INT32_MAX, help="max_tokens, with --prompt.")
+    ] = 256,
+    kind: Annotated[str, typer.Option(help="Handler kind.")] = "anthropic.messages",
+    dsn: DsnOption = None,
+) -> None:
+    """Enqueue one job and print its id."""
+    import pgqueue
+
+    if (prompt is None) == (payload is None):
+        raise pgqueue.InvalidArgument("give exactly one of --prompt TEXT or --payload JSON")
+    body: Any
+    if payload is not None:
+        body = _read_payload(payload)
+    else:
+        body = {
+            "model": model,
+            "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": prompt}],
+        }
+    settings = _settings()
+    with psycopg.connect(_dsn(settings, dsn)) as conn:
+        job_id = pgqueue.enqueue(
+            conn,
+            tenant_id=tenant,
+            origin=origin,
+            payload=body,
+            sla_seconds=sla_seconds,
+            kind=kind,
+            settings=settings,
+        )
+    console.print("dropped (tier full, policy drop)" if job_id is None else job_id)
+
+
+@app.command()
+@cli_errors
+def status(
+    dsn: DsnOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    window: Annotated[
+        float, typer.Option(min=1.0, help="Latency and fairness window, seconds.")
+    ] = 300.0,
+    watch: Annotated[
+        float | None, typer.Option(min=0.5, help="Refresh every N seconds until Ctrl-C.")
+    ] = None,
+) -> None:
+    """Depth per tier, p50/p99 against the SLOs, Jain's index, demotions, top tenants, 429s."""
+    import time
+
+    from rich.live import Live
+
+    from pgqueue.observability.report import collect_status, render_status
+
+    target = _dsn(_settings(), dsn)
+
+    def snapshot() -> dict[str, Any]:
+        with psycopg.connect(target, autocommit=True) as conn:
+            return collect_status(conn, window_seconds=window)
+
+    if as_json:
+        sys.stdout.write(json.dumps(snapshot(), default=str) + "\n")
+        return
+    if watch is None:
+        render_status(snapshot(), console)
+        return
+    with Live(console=console, auto_refresh=False) as live:
+        try:
+            while True:
+                frame = Console(record=True, width=console.width)
+                with frame.capture():
+                    render_status(snapshot(), frame)
+                live.update(frame.export_text(styles=True), refresh=True)
+                time.sleep(watch)
+        except KeyboardInterrupt:
+            return
+
+
+@tenants_app.command("list")
+@cli_errors
+def tenants_list(
+    dsn: DsnOption = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many tenants.")] = 100,
+) -> None:
+    """List tenants with plan, quantum, budget, queued jobs and demotion."""
+    from pgqueue.db import queries
+
+    with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
+        rows = queries.run(conn, "tenant_list", {"limit": limit})
+    table = Table(title="Tenants")
+    for col in ("tenant", "plan", "quantum", "daily budget", "queued", "demoted"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r["tenant_id"],
+            r["plan"],
+            str(r["quantum"] or "default"),
+            str(r["daily_token_budget"] or "default"),
+            str(r["queued"]),
+            "yes" if r["demoted"] else "",
+        )
+    console.print(table)
+
+
+@tenants_app.command("set")
+@cli_errors
+def tenants_set(
+    tenant: str,
+    plan: Annotated[str | None, typer.Option(help="Plan name, e.g. free or pro.")] = None,
+    quantum: Annotated[
+        float | None, typer.Option(min=0.001, max=1e9, help="DRR quantum, cost units.")
+    ] = None,
+    daily_budget: Annotated[
+        int | None, typer.Option(min=0, max=2**62, help="Daily input-token budget.")
+    ] = None,
+    dsn: DsnOption = None,
+) -> None:
+    """Create or update a tenant."""
+    from pgqueue.db import queries
+    from pgqueue.errors import InvalidArgument, InvalidTenant
+    from pgqueue.validation import MAX_TENANT_ID_CHARS
+
+    if not tenant or len(tenant) > MAX_TENANT_ID_CHARS or "\x00" in tenant:
+        raise InvalidTenant(f"tenant id must be 1 to {MAX_TENANT_ID_CHARS} characters")
+    if plan is not None and not _PLAN.match(plan):
+        raise InvalidArgument("plan must be 1 to 32 letters, digits, '_', '.' or '-'")
+    with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
+        row = queries.run(
+            conn,
+            "tenant_upsert",
+            {
+                "tenant_id": tenant,
+                "plan": plan,
+                "quantum": quantum,
+                "daily_token_budget": daily_budget,
+            },
+        )
+    console.print(row)
+
+
+@limits_app.command("list")
+@cli_errors
+def limits_list(dsn: DsnOption = None) -> None:
+    """Per model: limits per minute, what is available now, cooldown, estimate ratio."""
+    from pgqueue.db import queries
+
+    with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
+        rows = queries.run(conn, "ratelimit_list")
+    table = Table(title="Provider rate limits (per minute; available now)")
+    for col in ("model", "requests", "input tokens", "output tokens", "cooldown", "est. ratio"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    for r in rows:
+        table.add_row(
+            r["model"],
+            f"{r['requests_available']:.0f} / {r['requests_per_minute']:.0f}",
+            f"{r['input_tokens_available']:.0f} / {r['input_tokens_per_minute']:.0f}",
+            f"{r['output_tokens_available']:.0f} / {r['output_tokens_per_minute']:.0f}",
+            str(r["cooldown_until"]) if r["cooling_down"] else "",
+            f"{r['input_estimate_ratio']:.2f}",
+        )
+    console.print(table)
+
+
+@limits_app.command("set")
+@cli_errors
+def limits_set(
+    model: str,
+    rpm: Annotated[float, typer.Option(min=1, max=1e9, help="Requests per minute.")] = 50,
+    itpm: Annotated[float, typer.Option(min=1, max=1e12, help="Input tokens per minute.")] = 40_000,
+    otpm: Annotated[float, typer.Option(min=1, max=1e12, help="Output tokens per minute.")] = 8_000,
+    dsn: DsnOption = None,
+) -> None:
+    """Set a model's limits (the provider's answer headers correct them later)."""
+    from pgqueue.db import queries
+    from pgqueue.errors import InvalidArgument
+
+    if not model or len(model) > 256 or "\x00" in model:
+        raise InvalidArgument("model must be 1 to 256 characters")
+    with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
+        row = queries.run(
+            conn, "ratelimit_set", {"model": model, "rpm": rpm, "itpm": itpm, "otpm": otpm}
+        )
+    console.print(row)
+
+
+@app.command()
+@cli_errors
+def retry(
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant.")] = None,
+    tier: Annotated[str | None, typer.Option(help="critical | standard | batch")] = None,
+    reason: Annotated[
+        str | None, typer.Option(help="Substring of last_error (case-insensitive).")
+    ] = None,
+    since: Annotated[
+        datetime | None, typer.Option(help="Failed at or after (ISO 8601, UTC if no zone).")
+    ] = None,
+    until: Annotated[datetime | None, typer.Option(help="Failed before (ISO 8601).")] = None,
+    all_failed: Annotated[
+        bool, typer.Option("--all", help="Re-queue every failed job (no filter).")
+    ] = False,
+    dsn: DsnOption = None,
+) -> None:
+    """Re-queue failed jobs in bulk, with fresh attempt counters."""
+    from pgqueue.admin import requeue_failed
+    from pgqueue.errors import InvalidArgument
+
+    if not all_failed and all(v is None for v in (tenant, tier, reason, since, until)):
+        raise InvalidArgument(
+            "give a filter (--tenant, --tier, --reason, --since, --until) or --all"
+        )
+    since_utc = since.replace(tzinfo=UTC) if since and since.tzinfo is None else since
+    until_utc = until.replace(tzinfo=UTC) if until and until.tzinfo is None else until
+    with psycopg.connect(_dsn(_settings(), dsn)) as conn:
+        ids = requeue_failed(
+            conn, tenant_id=tenant, tier=tier, reason=reason, since=since_utc, until=until_utc
+        )
+    console.print(f"re-queued {len(ids)} failed job(s)")
+
+
+@app.command()
+@cli_errors
+def prune(
+    older_than: Annotated[
+        float, typer.Option(min=0.0, help="Delete jobs finished more than this many seconds ago.")
+    ] = 7 * 86_400.0,
+    dsn: DsnOption = None,
+) -> None:
+    """Retention: delete finished jobs (queued and running jobs are never touched)."""
+    from pgqueue.admin import prune_finished
+
+    with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
+        deleted = prune_finished(conn, older_than_seconds=older_than)
+    console.print(f"deleted {deleted} finished job(s)")
+
+
+@admission_app.command("show")
+@cli_errors
+def admission_show(
+    dsn: DsnOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Per tier: queued jobs (exact counters), caps, policy and jobs dropped so far."""
+    from pgqueue.admission import admission_status
+
+    with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
+        rows = admission_status(conn)
+    if as_json:
+        sys.stdout.write(json.dumps(rows, default=str) + "\n")
+        return
+    table = Table(title="Admission control")
+    for col in ("tier", "queued", "max queued", "per tenant", "policy", "dropped"):
+        table.add_column(col, justify="left" if col in ("tier", "policy") else "right")
+    for r in rows:
+        table.add_row(
+            r["tier"],
+            str(r["queued"]),
+            "-" if r["max_queued"] is None else str(r["max_queued"]),
+            "-" if r["tenant_max_queued"] is None else str(r["tenant_max_queued"]),
+            r["policy"],
+            str(r["dropped"]),
+        )
+    console.print(table)
+
+
+@admission_app.command("set")
+@cli_errors
+def admission_set(
+    tier: Annotated[str, typer.Argument(help="critical | standard | batch")],
+    max_queued: Annotated[
+        int | None, typer.Option(min=0, help="Cap of the tier's queued jobs; omit: no cap.")
+    ] = None,
+    tenant_max_queued: Annotated[
+        int | None, typer.Option(min=0, help="Cap of one tenant's queued jobs in the tier.")
+    ] = None,
+    policy: Annotated[
+        str, typer.Option(help="reject | block | drop (never drop for critical).")
+    ] = "reject",
+    dsn: DsnOption = None,
+) -> None:
+    """Set a tier's caps and policy (caps not given are removed)."""
+    from pgqueue.admission import set_admission
+
+    with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
+        set_admission(
+            conn, tier, max_queued=max_queued, tenant_max_queued=tenant_max_queued, policy=policy
+        )
+    console.print(
+        f"{tier}: max_queued={max_queued} tenant_max_queued={tenant_max_queued} policy={policy}"
+    )
