@@ -209,3 +209,53 @@ def test_sql_rule_matches_the_reference(conn, throttles, tokens, budget):
         daily_budget_tokens=budget,
     )
     assert (sql is None) == (ref is None)
+
+
+def test_concurrent_batched_completions_do_not_deadlock_on_usage(db_dsn):
+    """Two workers completing batches that touch the same tenants in opposite orders."""
+    import threading
+
+    tenants = [f"u{i:02d}" for i in range(40)]
+    errors: list[BaseException] = []
+    for _round in range(25):
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            conn.execute("DELETE FROM pgqueue.jobs")
+            pgqueue.enqueue_many(
+                conn, [pgqueue.JobSpec(t, "scheduled", {}, 60, "pgqueue.noop") for t in tenants * 2]
+            )
+            claimed = queries.run(
+                conn, "job_claim", {"limit": 100, "worker_id": "w", "lease_seconds": 60}
+            )
+        by_tenant = sorted(claimed, key=lambda j: j["tenant_id"])
+        halves = [by_tenant[::2], by_tenant[1::2][::-1]]  # same tenants, opposite orders
+        barrier = threading.Barrier(2)
+
+        def complete(jobs: list[dict[str, Any]], barrier: threading.Barrier = barrier) -> None:
+            try:
+                with psycopg.connect(db_dsn, autocommit=True) as conn:
+                    barrier.wait(timeout=10)
+                    queries.run(
+                        conn,
+                        "job_complete_many",
+                        {
+                            "ids": [j["id"] for j in jobs],
+                            "tenant_ids": [j["tenant_id"] for j in jobs],
+                            "lease_tokens": [j["lease_token"] for j in jobs],
+                            "results": [None] * len(jobs),
+                            "input_tokens": [10] * len(jobs),
+                            "output_tokens": [1] * len(jobs),
+                        },
+                    )
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=complete, args=(h,)) for h in halves]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert not errors, errors[:2]
+    with psycopg.connect(db_dsn) as conn:
+        assert conn.execute(
+            "SELECT sum(requests), sum(input_tokens) FROM pgqueue.usage_daily"
+        ).fetchone() == (25 * 80, 25 * 800)

@@ -105,30 +105,47 @@ CREATE TRIGGER throttle_events_demote
     AFTER INSERT ON pgqueue.throttle_events
     FOR EACH ROW EXECUTE FUNCTION pgqueue.throttle_event_demote();
 
--- A success with real usage is charged to the tenant's day, then the budget rule runs.
+-- Successes with real usage are charged to their tenants' day, then the budget rule runs.
+-- Statement-level: one upsert per tenant per statement, taken in tenant order, so that two
+-- batched completions touching the same tenants can never deadlock on their usage rows.
 CREATE FUNCTION pgqueue.job_charge_usage()
 RETURNS trigger
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    t text;
 BEGIN
     INSERT INTO pgqueue.usage_daily AS u (tenant_id, day, requests, input_tokens, output_tokens)
-    VALUES (NEW.tenant_id, pgqueue.budget_day(), 1, coalesce(NEW.input_tokens, 0),
-            coalesce(NEW.output_tokens, 0))
+    SELECT n.tenant_id, pgqueue.budget_day(), count(*),
+           sum(coalesce(n.input_tokens, 0)), sum(coalesce(n.output_tokens, 0))
+    FROM new_rows n
+    JOIN old_rows o ON o.id = n.id AND o.tenant_id = n.tenant_id
+    WHERE n.state = 'succeeded' AND o.state = 'running'
+      AND (n.input_tokens IS NOT NULL OR n.output_tokens IS NOT NULL)
+    GROUP BY n.tenant_id
+    ORDER BY n.tenant_id COLLATE "C"
     ON CONFLICT (tenant_id, day) DO UPDATE
-    SET requests = u.requests + 1,
+    SET requests = u.requests + EXCLUDED.requests,
         input_tokens = u.input_tokens + EXCLUDED.input_tokens,
         output_tokens = u.output_tokens + EXCLUDED.output_tokens;
-    PERFORM pgqueue.demotion_check(NEW.tenant_id);
+    FOR t IN
+        SELECT DISTINCT n.tenant_id COLLATE "C"
+        FROM new_rows n
+        JOIN old_rows o ON o.id = n.id AND o.tenant_id = n.tenant_id
+        WHERE n.state = 'succeeded' AND o.state = 'running'
+          AND (n.input_tokens IS NOT NULL OR n.output_tokens IS NOT NULL)
+        ORDER BY 1
+    LOOP
+        PERFORM pgqueue.demotion_check(t);
+    END LOOP;
     RETURN NULL;
 END
 $$;
 
 CREATE TRIGGER jobs_charge_usage
-    AFTER UPDATE OF state ON pgqueue.jobs
-    FOR EACH ROW
-    WHEN (NEW.state = 'succeeded' AND OLD.state = 'running'
-          AND (NEW.input_tokens IS NOT NULL OR NEW.output_tokens IS NOT NULL))
-    EXECUTE FUNCTION pgqueue.job_charge_usage();
+    AFTER UPDATE ON pgqueue.jobs
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION pgqueue.job_charge_usage();
 
 CREATE INDEX demotions_expiry_idx ON pgqueue.demotions (expires_at);
 
