@@ -95,7 +95,14 @@ def enqueue(
     max_tokens: Annotated[
         int, typer.Option(min=1, max=_INT32_MAX, help="max_tokens, with --prompt.")
     ] = 256,
-    kind: Annotated[str, typer.Option(help="Handler kind.")] = "anthropic.messages",
+    kind: Annotated[
+        str,
+        typer.Option(help="Handler kind (a worker needs a handler registered for it)."),
+    ] = "anthropic.messages",
+    dedupe_key: Annotated[
+        str | None,
+        typer.Option(help="While a job of this tenant with this key is live, return its id."),
+    ] = None,
     dsn: DsnOption = None,
 ) -> None:
     """Enqueue one job and print its id."""
@@ -121,6 +128,7 @@ def enqueue(
             payload=body,
             sla_seconds=sla_seconds,
             kind=kind,
+            dedupe_key=dedupe_key,
             settings=settings,
         )
     console.print("dropped (tier full, policy drop)" if job_id is None else job_id)
@@ -228,7 +236,7 @@ def tenants_set(
                 "daily_token_budget": daily_budget,
             },
         )
-    console.print(row)
+    sys.stdout.write(json.dumps(row, default=str) + "\n")
 
 
 @limits_app.command("list")
@@ -273,7 +281,7 @@ def limits_set(
         row = queries.run(
             conn, "ratelimit_set", {"model": model, "rpm": rpm, "itpm": itpm, "otpm": otpm}
         )
-    console.print(row)
+    sys.stdout.write(json.dumps(row, default=str) + "\n")
 
 
 @app.command()
