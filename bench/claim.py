@@ -71,7 +71,11 @@ def _worker(
             conn.commit()
             if not rows:
                 break
+            # Each completion is its own transaction, as the worker's are (a transaction of
+            # many completions would hold usage rows in dispatch order: deadlock-prone).
             for r in rows:
+                if r["id"] is None:  # the rate limiter's "blocked" row, not a job
+                    continue
                 queries.run(
                     conn,
                     "job_complete",
@@ -84,7 +88,7 @@ def _worker(
                         "output_tokens": 0,
                     },
                 )
-            conn.commit()
+                conn.commit()
             done += len(rows)
         return start, time.perf_counter(), done
 
