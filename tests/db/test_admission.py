@@ -344,6 +344,66 @@ def test_a_long_producer_transaction_never_blocks_a_claim(db_dsn, conn):
     assert counters == actual
 
 
+def _counter_rows(conn: Conn) -> dict[str | None, int]:
+    rows = conn.execute(
+        "SELECT tenant_id, count(*) FROM pgqueue.queue_counts WHERE tier = 'standard' GROUP BY 1"
+    ).fetchall()
+    return {tenant: n for tenant, n in rows}
+
+
+def test_counter_rows_stay_one_per_key_without_concurrency(db_dsn, conn):
+    """Writes update a key's row in place: 200 enqueues and claims leave one row per key, not
+    one delta row per write (the 0006 log grew so, and every capped enqueue re-read it)."""
+    _admin(db_dsn, "standard", max_queued=10**6, tenant_max_queued=10**6, policy="reject")
+    conn.autocommit = True
+    for i in range(200):
+        _std(conn, f"t{i % 4}")
+    queries.run(conn, "job_claim", {"limit": 50, "worker_id": "w", "lease_seconds": 30})
+    assert _counter_rows(conn) == {None: 1, "t0": 1, "t1": 1, "t2": 1, "t3": 1}
+    counters, actual = _counters_match(conn)
+    assert counters == actual
+
+
+def test_a_held_counter_row_gets_a_sibling_and_counts_stay_exact(db_dsn, conn):
+    """A producer's open transaction holds its counter rows; another writer of the same keys
+    does not wait, it adds a row of its own; the sums stay exact."""
+    with psycopg.connect(db_dsn, autocommit=True) as other:
+        _std(other)  # the tenant and one row per key, committed
+        _std(conn)  # holds both rows, ('standard', 'acme') and ('standard', NULL), to commit
+        other.execute("SET lock_timeout = '2s'")
+        _std(other)  # would wait on a held row, and time out, if it did not skip it
+        assert _counter_rows(other) == {None: 2, "acme": 2}
+    conn.commit()
+    assert _counter_rows(conn) == {None: 2, "acme": 2}
+    assert _counters_match(conn)[0] == [
+        {"tier": "standard", "tenant_id": None, "n": 3},
+        {"tier": "standard", "tenant_id": "acme", "n": 3},
+    ]
+
+
+@pytest.mark.parametrize("isolation", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_snapshot_isolation_producers_append_and_never_fail(db_dsn, isolation):
+    """Under REPEATABLE READ / SERIALIZABLE, updating a counter row that a claim changed after
+    the producer's snapshot would raise a serialization failure; such producers append."""
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        for _ in range(3):
+            _std(c)
+    with psycopg.connect(db_dsn) as producer:
+        producer.execute(f"SET TRANSACTION ISOLATION LEVEL {isolation}")
+        producer.execute("SELECT 1")  # the snapshot is taken here
+        with psycopg.connect(db_dsn, autocommit=True) as worker:
+            rows = queries.run(
+                worker, "job_claim", {"limit": 2, "worker_id": "w", "lease_seconds": 30}
+            )
+            assert len(rows) == 2
+        assert _std(producer) is not None
+        producer.commit()
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        counters, actual = _counters_match(c)
+    assert counters == actual
+    assert {"tier": "standard", "tenant_id": None, "n": 2} in counters
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_counter_storm_four_producers_two_workers(db_dsn):
