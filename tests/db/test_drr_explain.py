@@ -3,10 +3,12 @@ pgqueue.jobs), captured with auto_explain on the real claim; and the migration g
 
 from __future__ import annotations
 
+import re
+
 import psycopg
 import pytest
 
-from pgqueue.db import migrate
+from pgqueue.db import migrate, queries
 
 QUEUED = 120_000
 TENANTS = 1_000
@@ -72,3 +74,106 @@ def test_migration_0002_downgrades_and_upgrades(empty_db_dsn):
     with psycopg.connect(empty_db_dsn) as c:
         got = c.execute("SELECT tenant_id FROM pgqueue.claim(5, 'w', 30)").fetchall()
     assert got == [("a",)]  # queued before the upgrade, folded in by the migration
+
+
+FINISHED = 100_000
+_SCAN = re.compile(
+    r"(?P<node>(?:Bitmap Heap|Index Only|Index|Seq) Scan(?: using \w+)? on jobs\b).*?"
+    r"\(actual rows=(?P<rows>\d+) loops=(?P<loops>\d+)\)"
+)
+
+
+def _jobs_scans(plan: str) -> list[tuple[str, int, int, int]]:
+    """(node, rows, loops, shared buffers hit + read) of each scan of pgqueue.jobs in a plan."""
+    lines = plan.splitlines()
+    scans = []
+    for i, line in enumerate(lines):
+        m = _SCAN.search(line)
+        if m is None:
+            continue
+        depth = len(line) - len(line.lstrip())
+        pages = 0
+        for below in lines[i + 1 :]:
+            if below.strip().startswith("->") or len(below) - len(below.lstrip()) <= depth:
+                break
+            if "Buffers: shared" in below:
+                pages = sum(int(n) for n in re.findall(r"(?:hit|read)=(\d+)", below))
+                break
+        scans.append((m["node"], int(m["rows"]), int(m["loops"]), pages))
+    return scans
+
+
+@pytest.mark.slow
+def test_claim_path_does_not_read_finished_jobs(conn, db_dsn):
+    """Issue 8 (bloat): with many finished jobs in the table (vacuumed, as autovacuum leaves
+    it), every scan of pgqueue.jobs in a claim and a batched completion reads a few pages per
+    row it returns, never pages of finished jobs (bench/bloat.py measures the speed)."""
+    conn.execute(
+        "INSERT INTO pgqueue.tenants (tenant_id) SELECT 't' || g FROM generate_series(0, 99) g"
+    )
+    conn.execute(
+        """
+        INSERT INTO pgqueue.jobs (tenant_id, origin, priority, state, payload, cost, attempts,
+                                  run_at, enqueued_at, started_at, finished_at, worker_id,
+                                  lease_token, result, input_tokens, output_tokens)
+        SELECT 't' || (g %% 100), 'scheduled', (%s::pgqueue.tier[])[1 + g %% 3],
+               (CASE WHEN g %% 20 = 0 THEN 'failed' ELSE 'succeeded' END)::pgqueue.job_state,
+               '{}'::jsonb, 1, 1, f, f, f, f, 'w', gen_random_uuid(), '{"ok": true}'::jsonb, 10, 10
+        FROM generate_series(1, %s) g,
+             LATERAL (SELECT now() - make_interval(secs => %s - g) AS f) t
+        """,
+        (["critical", "standard", "batch"], FINISHED, FINISHED),
+    )
+    conn.execute(
+        """
+        INSERT INTO pgqueue.jobs (tenant_id, origin, priority, payload, cost)
+        SELECT 't' || (g %% 100), 'scheduled', (%s::pgqueue.tier[])[1 + g %% 3],
+               '{}'::jsonb, 1 + g %% 4
+        FROM generate_series(1, 3000) g
+        """,
+        (["critical", "standard", "batch"],),
+    )
+    conn.commit()
+    conn.autocommit = True
+    conn.execute("VACUUM ANALYZE pgqueue.jobs")
+    plans: list[str] = []
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        try:
+            c.execute("LOAD 'auto_explain'")
+        except psycopg.Error:
+            pytest.skip("auto_explain is not available on this server")
+        for _ in range(2):  # the first claim folds the 300 new (tenant, tier) pairs in
+            queries.run(c, "job_claim", {"limit": 10, "worker_id": "w", "lease_seconds": 60})
+        for setting in (
+            "auto_explain.log_min_duration = 0",
+            "auto_explain.log_analyze = on",
+            "auto_explain.log_buffers = on",
+            "auto_explain.log_timing = off",
+            "auto_explain.log_nested_statements = on",
+            "auto_explain.log_level = notice",
+            "client_min_messages = notice",
+        ):
+            c.execute(f"SET {setting}")
+        c.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+        for _ in range(3):
+            rows = queries.run(c, "job_claim", {"limit": 10, "worker_id": "w", "lease_seconds": 60})
+            assert len(rows) == 10
+            done = queries.run(
+                c,
+                "job_complete_many",
+                {
+                    "ids": [r["id"] for r in rows],
+                    "tenant_ids": [r["tenant_id"] for r in rows],
+                    "lease_tokens": [r["lease_token"] for r in rows],
+                    "results": [None] * len(rows),
+                    "input_tokens": [1] * len(rows),
+                    "output_tokens": [1] * len(rows),
+                },
+            )
+            assert len(done) == 10
+    scans = [s for p in plans for s in _jobs_scans(p)]
+    assert any("jobs_queued_tenant_head_idx" in s[0] for s in scans), plans
+    for node, rows, loops, pages in scans:
+        assert "Seq Scan" not in node, plans
+        # an index probe: a few index pages per loop, one heap page per row it returns
+        assert pages <= 4 * loops + 2 * rows + 4, (node, rows, loops, pages)
