@@ -64,7 +64,8 @@ async def execute(job: Job, registry: Registry, settings: Settings, rng: random.
     except InvalidKind as exc:
         return Deferred(f"{exc} on this worker", UNHANDLED_KIND_DELAY_SECONDS)
     try:
-        returned = await asyncio.wait_for(_call(handler, job), settings.provider_timeout_seconds)
+        async with asyncio.timeout(settings.provider_timeout_seconds):  # no extra task per job
+            returned = await _call(handler, job)
     except RateLimited as exc:
         wait = throttle_wait_seconds(
             exc.retry_after_seconds,
