@@ -71,11 +71,14 @@ $$;
 
 -- ---------------------------------------------------------------------------------- enqueue
 
--- One job: as revision 0006, with fewer statements. The demotion and tenant lookups are one
--- query planned once per session (pgqueue.is_demoted, a SQL function with a subquery, cannot
--- be inlined and was planned again in every transaction), the token estimate is inlined into
--- the INSERT, ensure_tenant runs only for a tenant not registered yet, and the row is
--- returned without a second query. Admission control is pgqueue.admission_check, as before.
+-- One job: as revision 0006, with less work. The rules are checked by job_is_valid (one
+-- inlined expression; validate_job runs only to raise a bad job's error), the demotion and
+-- tenant lookups are one query planned once per session (pgqueue.is_demoted, a SQL function
+-- with a subquery, cannot be inlined and was planned again in every transaction, as was
+-- estimate_input_tokens), the token estimate is inlined into the INSERT, ensure_tenant runs
+-- only for a tenant not registered yet, a job without a dedupe key is inserted without ON
+-- CONFLICT, and the row is returned without a second query. Admission control is
+-- pgqueue.admission_check, as before.
 CREATE OR REPLACE FUNCTION pgqueue.try_enqueue(tenant_id text, origin text, payload jsonb,
                                                sla_seconds double precision DEFAULT NULL,
                                                kind text DEFAULT 'anthropic.messages',
@@ -95,9 +98,15 @@ DECLARE
     known boolean;
     new_id bigint;
 BEGIN
-    o := pgqueue.validate_job(try_enqueue.tenant_id, try_enqueue.origin, try_enqueue.payload,
-                              try_enqueue.sla_seconds, try_enqueue.kind,
-                              try_enqueue.max_attempts);
+    IF pgqueue.job_is_valid(try_enqueue.tenant_id, try_enqueue.origin, try_enqueue.payload,
+                            try_enqueue.sla_seconds, try_enqueue.kind, try_enqueue.max_attempts,
+                            coalesce(nullif(current_setting('pgqueue.max_payload_bytes', true),
+                                            '')::bigint, 1048576)) IS NOT TRUE THEN
+        PERFORM pgqueue.validate_job(try_enqueue.tenant_id, try_enqueue.origin,
+                                     try_enqueue.payload, try_enqueue.sla_seconds,
+                                     try_enqueue.kind, try_enqueue.max_attempts);
+    END IF;
+    o := try_enqueue.origin::pgqueue.origin;
     IF try_enqueue.dedupe_key IS NOT NULL THEN
         IF try_enqueue.dedupe_key = '' OR char_length(try_enqueue.dedupe_key) > 256 THEN
             RAISE EXCEPTION 'dedupe_key must be 1 to 256 characters' USING ERRCODE = 'PQ009';
@@ -132,6 +141,20 @@ BEGIN
     END IF;
     IF NOT known THEN
         PERFORM pgqueue.ensure_tenant(try_enqueue.tenant_id);
+    END IF;
+    IF try_enqueue.dedupe_key IS NULL THEN  -- no arbiter index to consult
+        INSERT INTO pgqueue.jobs AS j (tenant_id, kind, origin, sla_seconds, priority, payload,
+                                       model, est_input_tokens, max_output_tokens, cost,
+                                       max_attempts, run_at)
+        SELECT try_enqueue.tenant_id, try_enqueue.kind, o, try_enqueue.sla_seconds, t,
+               try_enqueue.payload, try_enqueue.payload ->> 'model', e.est,
+               pgqueue.payload_max_tokens(try_enqueue.payload), pgqueue.job_cost(e.est),
+               coalesce(try_enqueue.max_attempts, 5), coalesce(try_enqueue.run_at, now())
+        FROM pgqueue.input_token_estimate(try_enqueue.payload) e
+        RETURNING j.id INTO new_id;
+        id := new_id; outcome := 'enqueued'; tier := t; policy := v.policy;
+        RETURN NEXT;
+        RETURN;
     END IF;
     INSERT INTO pgqueue.jobs AS j (tenant_id, kind, origin, sla_seconds, priority, payload,
                                    model, est_input_tokens, max_output_tokens, cost,
@@ -210,8 +233,9 @@ BEGIN
     FROM ROWS FROM (unnest(tenant_ids), unnest(origins), jsonb_array_elements(payloads),
                     unnest(try_enqueue_batch.sla_seconds), unnest(kinds))
          WITH ORDINALITY AS i(tenant_id, origin, payload, sla, kind, ord)
-    WHERE NOT pgqueue.job_is_valid(i.tenant_id, i.origin, i.payload, i.sla,
-                                   coalesce(i.kind, 'anthropic.messages'), NULL, max_bytes);
+    WHERE pgqueue.job_is_valid(i.tenant_id, i.origin, i.payload, i.sla,
+                               coalesce(i.kind, 'anthropic.messages'), NULL, max_bytes)
+          IS NOT TRUE;
     IF bad IS NOT NULL THEN
         FOR r IN
             SELECT i.tenant_id, i.origin, i.payload, i.sla, i.kind

@@ -2,7 +2,7 @@
 -- Python calls the try_ variants: a full tier comes back as a row (outcome 'full'), not as an
 -- error, so the caller's transaction stays usable; pgqueue.enqueue raises PQ010 instead. A
 -- batch goes to try_enqueue_batch with every payload in ONE JSON array text (parsed once as
--- jsonb), not as a jsonb[] of texts.
+-- jsonb), not as a jsonb[] of texts; the other arrays go in binary (%(x)b: no escaping).
 
 -- name: job_try_enqueue :one
 SELECT t.id, t.outcome, t.tier::text AS tier, t.policy, t.scope, t.depth, t.cap
@@ -20,10 +20,10 @@ FROM pgqueue.try_enqueue(
 -- name: job_try_enqueue_batch :many
 SELECT t.ord, t.id, t.outcome, t.tier::text AS tier, t.policy, t.scope, t.depth, t.cap
 FROM pgqueue.try_enqueue_batch(
-    tenant_ids => %(tenant_ids)s::text[],
-    origins => %(origins)s::text[],
+    tenant_ids => %(tenant_ids)b::text[],
+    origins => %(origins)b::text[],
     payloads => %(payloads)s::jsonb,
-    sla_seconds => %(sla_seconds)s::double precision[],
-    kinds => %(kinds)s::text[]
+    sla_seconds => %(sla_seconds)b::double precision[],
+    kinds => %(kinds)b::text[]
 ) AS t
 ORDER BY t.ord
