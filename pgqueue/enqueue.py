@@ -28,7 +28,6 @@ from typing import Any, overload
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg.types.json import Jsonb
 
 from pgqueue.db import queries
 from pgqueue.errors import (
@@ -82,11 +81,10 @@ def _settings() -> Settings:
 
 
 def _params(job: CheckedJob) -> dict[str, Any]:
-    text = job.payload_json
     return {
         "tenant_id": job.tenant_id,
         "origin": job.origin.value,
-        "payload": Jsonb(job.payload, dumps=lambda _obj: text),
+        "payload": job.payload_json,  # JSON text, cast to jsonb by the query
         "sla_seconds": job.sla_seconds,
         "kind": job.kind,
         "max_attempts": job.max_attempts,

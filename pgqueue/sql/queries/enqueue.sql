@@ -9,7 +9,7 @@ SELECT t.id, t.outcome, t.tier::text AS tier, t.policy, t.scope, t.depth, t.cap
 FROM pgqueue.try_enqueue(
     tenant_id => %(tenant_id)s,
     origin => %(origin)s,
-    payload => %(payload)s,
+    payload => %(payload)s::jsonb,
     sla_seconds => %(sla_seconds)s,
     kind => %(kind)s,
     max_attempts => %(max_attempts)s,
