@@ -298,3 +298,27 @@ def test_python_batch_raises_what_single_enqueue_raises_for_the_first_bad_job(
     assert type(info.value) is expected
     assert str(info.value).startswith(f"job {where}: ")
     assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone()[0] == 0
+
+
+def test_migrating_to_0008_keeps_what_pgqueue_grant_set(db_dsn):
+    from pgqueue.db import migrate, queries
+
+    migrate.downgrade(db_dsn, "0006")
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        queries.run(conn, "security_grant")
+    migrate.upgrade(db_dsn)
+    with psycopg.connect(db_dsn) as conn:
+        rows = conn.execute(
+            "SELECT p.proname, p.prosecdef, p.proconfig IS NOT NULL,"
+            " has_function_privilege('pgqueue_producer', p.oid, 'EXECUTE'),"
+            " has_function_privilege('public', p.oid, 'EXECUTE')"
+            " FROM pg_proc p WHERE p.pronamespace = 'pgqueue'::regnamespace"
+            " AND p.proname IN ('enqueue', 'enqueue_many', 'try_enqueue', 'try_enqueue_many',"
+            " 'try_enqueue_batch', 'job_is_valid', 'input_token_estimate')"
+        ).fetchall()
+    by_name = {r[0]: r[1:] for r in rows}
+    assert len(by_name) == 7
+    for name in ("enqueue", "enqueue_many", "try_enqueue", "try_enqueue_many", "try_enqueue_batch"):
+        assert by_name[name] == (True, True, True, False), name
+    for name in ("job_is_valid", "input_token_estimate"):
+        assert by_name[name] == (False, False, False, False), name

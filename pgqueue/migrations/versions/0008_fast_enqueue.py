@@ -1,7 +1,7 @@
 """Fast enqueue: set-based batch validation, inlinable rules, one jsonb array per batch.
 
 Revision ID: 0008
-Revises: 0007
+Revises: 0007 (0006 until revision 0007 is merged: flip ``down_revision`` below)
 """
 
 from __future__ import annotations
