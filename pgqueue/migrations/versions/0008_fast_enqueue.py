@@ -11,7 +11,7 @@ from pathlib import Path
 from alembic import op
 
 revision = "0008"
-down_revision = "0006"  # TODO(lead): "0007" once revision 0007 is merged
+down_revision = "0007"  # TODO(lead): "0007" once revision 0007 is merged
 branch_labels = None
 depends_on = None
 
