@@ -4,7 +4,7 @@ One function, :func:`enqueue`, takes a psycopg ``Connection`` or ``AsyncConnecti
 SQLAlchemy ``Session`` or ``AsyncSession`` (psycopg driver); with an async connection it
 returns an awaitable. :func:`enqueue_many` does the same for many jobs in one round trip. Both
 validate everything before the first statement (so a bad job leaves the caller's transaction
-usable), then call the SQL functions ``pgqueue.try_enqueue`` / ``pgqueue.try_enqueue_many`` —
+usable), then call the SQL functions ``pgqueue.try_enqueue`` / ``pgqueue.try_enqueue_batch`` —
 the bodies of ``pgqueue.enqueue`` / ``pgqueue.enqueue_many`` that SQL callers use, so
 classification and admission control live in one place.
 
@@ -28,7 +28,6 @@ from typing import Any, overload
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg.types.json import Jsonb
 
 from pgqueue.db import queries
 from pgqueue.errors import (
@@ -41,7 +40,15 @@ from pgqueue.errors import (
 from pgqueue.models import DEFAULT_KIND, AdmissionPolicy, Origin
 from pgqueue.observability import metrics
 from pgqueue.settings import Settings
-from pgqueue.validation import CheckedJob, check_job
+from pgqueue.validation import (
+    MAX_KIND_CHARS,
+    MAX_TENANT_ID_CHARS,
+    CheckedJob,
+    check_job,
+    has_nul_escape,
+    messages_payload_ok,
+    to_json_text,
+)
 
 try:  # SQLAlchemy is a dependency, but keep the import cost off the hot path of psycopg users
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -74,11 +81,10 @@ def _settings() -> Settings:
 
 
 def _params(job: CheckedJob) -> dict[str, Any]:
-    text = job.payload_json
     return {
         "tenant_id": job.tenant_id,
         "origin": job.origin.value,
-        "payload": Jsonb(job.payload, dumps=lambda _obj: text),
+        "payload": job.payload_json,  # JSON text, cast to jsonb by the query
         "sla_seconds": job.sla_seconds,
         "kind": job.kind,
         "max_attempts": job.max_attempts,
@@ -87,14 +93,25 @@ def _params(job: CheckedJob) -> dict[str, Any]:
     }
 
 
-def _many_params(jobs: Sequence[CheckedJob]) -> dict[str, Any]:
-    return {
-        "tenant_ids": [j.tenant_id for j in jobs],
-        "origins": [j.origin.value for j in jobs],
-        "payloads": [j.payload_json for j in jobs],
-        "sla_seconds": [j.sla_seconds for j in jobs],
-        "kinds": [j.kind for j in jobs],
-    }
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """Validated jobs for ``pgqueue.try_enqueue_batch``: one list per column, in input order,
+    and every payload in ONE JSON array text (the server parses it once, as jsonb)."""
+
+    tenant_ids: list[str]
+    origins: list[str]
+    payloads_json: str
+    sla_seconds: list[float | None]
+    kinds: list[str]
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "tenant_ids": self.tenant_ids,
+            "origins": self.origins,
+            "payloads": self.payloads_json,
+            "sla_seconds": self.sla_seconds,
+            "kinds": self.kinds,
+        }
 
 
 def _translate(exc: psycopg.Error) -> Exception:
@@ -406,41 +423,111 @@ async def _enqueue_async(
     return _id(rows[0])
 
 
-def _check_many(jobs: Sequence[JobSpec | Mapping[str, Any]], cfg: Settings) -> list[CheckedJob]:
+_JOB_FIELDS = frozenset({"tenant_id", "origin", "payload", "sla_seconds", "kind"})
+_ORIGIN_VALUES = frozenset(o.value for o in Origin)
+_INF = float("inf")
+
+
+def _check_many(jobs: Sequence[JobSpec | Mapping[str, Any]], cfg: Settings) -> _Batch:
+    """Validate a batch; raises the first bad job's typed error, prefixed ``job <index>:``.
+
+    Fast path: all payloads are encoded by one ``json`` call into one array text, and each job
+    gets only cheap field checks. Anything that fails them (or a batch whose text is over the
+    payload cap, or that may hold a NUL) goes through :func:`check_job`, job by job, which
+    raises exactly what a single enqueue raises for the same input.
+    """
     if isinstance(jobs, str | bytes) or not isinstance(jobs, Sequence):
         raise InvalidArgument("enqueue_many takes a sequence of JobSpec or mappings")
-    checked: list[CheckedJob] = []
+    tenant_ids: list[Any] = []
+    origins: list[Any] = []
+    payloads: list[Any] = []
+    slas: list[Any] = []
+    kinds: list[Any] = []
     for index, spec in enumerate(jobs):
-        fields: Mapping[str, Any]
         if isinstance(spec, JobSpec):
-            fields = {
-                "tenant_id": spec.tenant_id,
-                "origin": spec.origin,
-                "payload": spec.payload,
-                "sla_seconds": spec.sla_seconds,
-                "kind": spec.kind,
-            }
+            tenant_ids.append(spec.tenant_id)
+            origins.append(spec.origin)
+            payloads.append(spec.payload)
+            slas.append(spec.sla_seconds)
+            kinds.append(spec.kind)
         elif isinstance(spec, Mapping):
-            unknown = set(spec) - {"tenant_id", "origin", "payload", "sla_seconds", "kind"}
-            if unknown:
+            if not _JOB_FIELDS.issuperset(spec):
+                unknown = set(spec) - _JOB_FIELDS
                 raise InvalidArgument(f"job {index}: unknown fields {sorted(unknown)}")
-            fields = spec
+            tenant_ids.append(spec.get("tenant_id"))
+            origins.append(spec.get("origin"))
+            payloads.append(spec.get("payload"))
+            slas.append(spec.get("sla_seconds"))
+            kinds.append(spec.get("kind", DEFAULT_KIND))
         else:
             raise InvalidArgument(f"job {index}: expected a JobSpec or a mapping")
-        try:
-            checked.append(
-                check_job(
-                    tenant_id=fields.get("tenant_id"),
-                    origin=fields.get("origin"),
-                    payload=fields.get("payload"),
-                    sla_seconds=fields.get("sla_seconds"),
-                    kind=fields.get("kind", DEFAULT_KIND),
-                    max_payload_bytes=cfg.max_payload_bytes,
-                )
+    text = _encode_all(payloads, cfg.max_payload_bytes)
+    texts: list[str] | None = None
+    if text is None:
+        texts = []
+    for index in range(len(payloads)):
+        tenant, origin, payload, sla, kind = (
+            tenant_ids[index],
+            origins[index],
+            payloads[index],
+            slas[index],
+            kinds[index],
+        )
+        if (
+            texts is None
+            and isinstance(tenant, str)
+            and 0 < len(tenant) <= MAX_TENANT_ID_CHARS
+            and "\x00" not in tenant
+            and isinstance(origin, str)
+            and origin in _ORIGIN_VALUES
+            and (
+                sla is None
+                or (type(sla) is float and 0.0 <= sla < _INF)
+                or (type(sla) is int and sla >= 0)
+            )
+            and isinstance(kind, str)
+            and 0 < len(kind) <= MAX_KIND_CHARS
+            and "\x00" not in kind
+            and isinstance(payload, Mapping)
+            and (kind != DEFAULT_KIND or messages_payload_ok(payload))
+        ):
+            if type(origin) is not str:
+                origins[index] = str(origin)
+            if type(sla) is int:
+                slas[index] = float(sla)
+            continue
+        try:  # the slow path raises this job's error, or normalises its fields
+            job = check_job(
+                tenant_id=tenant,
+                origin=origin,
+                payload=payload,
+                sla_seconds=sla,
+                kind=kind,
+                max_payload_bytes=cfg.max_payload_bytes,
             )
         except UsageError as exc:
             raise type(exc)(f"job {index}: {exc}") from None
-    return checked
+        origins[index] = job.origin.value
+        slas[index] = job.sla_seconds
+        if texts is not None:
+            texts.append(job.payload_json)
+    if texts is not None:
+        text = "[" + ", ".join(texts) + "]"
+    assert text is not None
+    return _Batch(tenant_ids, origins, text, slas, kinds)
+
+
+def _encode_all(payloads: list[Any], max_payload_bytes: int) -> str | None:
+    """All payloads as one JSON array text, or None when one of them must be checked alone
+    (not encodable, may hold a NUL, or the whole text is over the cap of one payload)."""
+    try:
+        text = to_json_text(payloads)
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    except (TypeError, ValueError):
+        return None
+    if size > max_payload_bytes or has_nul_escape(text):
+        return None
+    return text
 
 
 @overload
@@ -482,16 +569,16 @@ def enqueue_many(
         if block_timeout_seconds is None
         else block_timeout_seconds
     )
-    checked = _check_many(jobs, cfg)
-    if not checked:
+    batch = _check_many(jobs, cfg)
+    if not batch.tenant_ids:
         return _empty_async() if _is_async(conn) else []
-    params = _many_params(checked)
-    tenants = [j.tenant_id for j in checked]
+    params = batch.params()
+    tenants = batch.tenant_ids
     if _is_async(conn):
         return _enqueue_many_async(conn, params, tenants, timeout)  # type: ignore[arg-type]
     rows = _run_sync(
         conn,  # type: ignore[arg-type]
-        "job_try_enqueue_many",
+        "job_try_enqueue_batch",
         params,
         tenants,
         timeout,
@@ -507,5 +594,7 @@ async def _empty_async() -> list[int | None]:
 async def _enqueue_many_async(
     conn: AsyncTarget, params: dict[str, Any], tenants: list[str], block_seconds: float
 ) -> list[int | None]:
-    rows = await _run_async(conn, "job_try_enqueue_many", params, tenants, block_seconds, many=True)
+    rows = await _run_async(
+        conn, "job_try_enqueue_batch", params, tenants, block_seconds, many=True
+    )
     return [_id(r) for r in rows]

@@ -34,6 +34,9 @@ MAX_DEDUPE_KEY_CHARS = 256
 _INT32_MAX = 2_147_483_647
 # An escaped U+0000 that is not itself an escaped backslash followed by "u0000".
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+#: JSON text as Postgres prints jsonb (", " and ": " separators, UTF-8 kept); raises
+#: ValueError for NaN/Infinity and TypeError for what JSON cannot hold.
+to_json_text = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(", ", ": ")).encode
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,19 +94,33 @@ def encode_payload(payload: object) -> str:
         InvalidPayload: not serialisable, or holds NaN/Infinity or a lone surrogate.
         NulCharacter: a string (or key) holds U+0000, which jsonb cannot store.
     """
+    return _encode(payload)[0]
+
+
+def _encode(payload: object) -> tuple[str, int]:
+    """:func:`encode_payload`, plus the text's size in UTF-8 bytes."""
     try:
-        text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(", ", ": "))
-        text.encode("utf-8")
+        text = to_json_text(payload)
+        # ASCII text is its own UTF-8 (and cannot hold a lone surrogate): no copy needed.
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
         raise InvalidPayload(f"payload is not valid JSON: {exc}") from None
-    if _NUL_ESCAPE.search(text):
+    if has_nul_escape(text):
         raise NulCharacter("payload contains a NUL character (U+0000), which Postgres cannot store")
-    return text
+    return text, size
+
+
+def has_nul_escape(text: str) -> bool:
+    """Whether JSON ``text`` encodes a U+0000 (``\\u0000`` that is not an escaped backslash)."""
+    return "\\u0000" in text and _NUL_ESCAPE.search(text) is not None
 
 
 def check_payload_size(text: str, max_payload_bytes: int) -> None:
     """Raises :class:`PayloadTooLarge` when ``text`` is over ``max_payload_bytes`` UTF-8 bytes."""
-    size = len(text.encode("utf-8"))
+    _check_size(len(text.encode("utf-8")), max_payload_bytes)
+
+
+def _check_size(size: int, max_payload_bytes: int) -> None:
     if size > max_payload_bytes:
         raise PayloadTooLarge(f"payload is {size} bytes, over the cap of {max_payload_bytes} bytes")
 
@@ -131,6 +148,26 @@ def check_messages_payload(payload: Mapping[str, Any]) -> None:
         raise InvalidPayload("payload.messages must be a non-empty array")
 
 
+def messages_payload_ok(payload: Mapping[str, Any]) -> bool:
+    """Whether :func:`check_messages_payload` accepts ``payload``; never raises."""
+    model = payload.get("model")
+    max_tokens = payload.get("max_tokens")
+    messages = payload.get("messages")
+    if type(max_tokens) is not int:  # floats, bools and the rest: the full rule decides
+        try:
+            check_messages_payload(payload)
+        except InvalidPayload:
+            return False
+        return True
+    return (
+        isinstance(model, str)
+        and model != ""
+        and 0 < max_tokens <= _INT32_MAX
+        and isinstance(messages, list)
+        and len(messages) > 0
+    )
+
+
 def check_job(
     *,
     tenant_id: object,
@@ -149,7 +186,7 @@ def check_job(
     in the payload first: the database rejects it while reading the parameter), so both
     entry points report the same error for the same input.
     """
-    text = encode_payload(payload)
+    text, size = _encode(payload)
     tid = _check_text(tenant_id, "tenant_id", MAX_TENANT_ID_CHARS, InvalidTenant)
     parsed_origin = check_origin(origin)
     sla = check_sla(sla_seconds)
@@ -164,7 +201,7 @@ def check_job(
         raise InvalidPayload(
             f"payload must be a JSON object (a mapping), got {type(payload).__name__}"
         )
-    check_payload_size(text, max_payload_bytes)
+    _check_size(size, max_payload_bytes)
     if kind_text == DEFAULT_KIND:
         check_messages_payload(payload)
     if run_at is not None and not (isinstance(run_at, datetime) and run_at.tzinfo is not None):

@@ -1,13 +1,15 @@
 -- Enqueue: thin wrappers over the SQL functions, so SQL callers and Python share one path.
 -- Python calls the try_ variants: a full tier comes back as a row (outcome 'full'), not as an
--- error, so the caller's transaction stays usable; pgqueue.enqueue raises PQ010 instead.
+-- error, so the caller's transaction stays usable; pgqueue.enqueue raises PQ010 instead. A
+-- batch goes to try_enqueue_batch with every payload in ONE JSON array text (parsed once as
+-- jsonb), not as a jsonb[] of texts; the other arrays go in binary (%(x)b: no escaping).
 
 -- name: job_try_enqueue :one
 SELECT t.id, t.outcome, t.tier::text AS tier, t.policy, t.scope, t.depth, t.cap
 FROM pgqueue.try_enqueue(
     tenant_id => %(tenant_id)s,
     origin => %(origin)s,
-    payload => %(payload)s,
+    payload => %(payload)s::jsonb,
     sla_seconds => %(sla_seconds)s,
     kind => %(kind)s,
     max_attempts => %(max_attempts)s,
@@ -15,13 +17,13 @@ FROM pgqueue.try_enqueue(
     dedupe_key => %(dedupe_key)s
 ) AS t
 
--- name: job_try_enqueue_many :many
+-- name: job_try_enqueue_batch :many
 SELECT t.ord, t.id, t.outcome, t.tier::text AS tier, t.policy, t.scope, t.depth, t.cap
-FROM pgqueue.try_enqueue_many(
-    tenant_ids => %(tenant_ids)s,
-    origins => %(origins)s,
-    payloads => %(payloads)s::jsonb[],
-    sla_seconds => %(sla_seconds)s::double precision[],
-    kinds => %(kinds)s::text[]
+FROM pgqueue.try_enqueue_batch(
+    tenant_ids => %(tenant_ids)b::text[],
+    origins => %(origins)b::text[],
+    payloads => %(payloads)s::jsonb,
+    sla_seconds => %(sla_seconds)b::double precision[],
+    kinds => %(kinds)b::text[]
 ) AS t
 ORDER BY t.ord

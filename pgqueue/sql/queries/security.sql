@@ -28,7 +28,8 @@ BEGIN
     FOR f IN
         SELECT p.oid::regprocedure FROM pg_proc p
         WHERE p.pronamespace = 'pgqueue'::regnamespace
-          AND p.proname IN ('enqueue', 'enqueue_many', 'try_enqueue', 'try_enqueue_many')
+          AND p.proname IN ('enqueue', 'enqueue_many', 'try_enqueue', 'try_enqueue_many',
+                            'try_enqueue_batch')
     LOOP
         EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp', f);
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO pgqueue_producer', f);
