@@ -64,3 +64,19 @@ def test_migrate_is_idempotent(db_dsn):
     migrate.upgrade(db_dsn)
     with psycopg.connect(db_dsn) as conn:
         assert migrate.check_schema(conn) == migrate.head_revision()
+
+
+def test_queue_tables_are_vacuumed_early(db_dsn):
+    """bench/bloat.py: an unvacuumed jobs table made claims 2.30x slower; revision 0009 makes
+    autovacuum visit the queue's tables long before Postgres' default 20 % of dead rows."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        rows = dict(
+            conn.execute(
+                "SELECT c.relname, c.reloptions FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = 'pgqueue' AND c.relkind = 'r'"
+            ).fetchall()
+        )
+    assert "autovacuum_vacuum_scale_factor=0.02" in rows["jobs"]
+    for table in ("queue_counts", "deficits", "tier_state", "drr_inbox", "rate_limits"):
+        assert "autovacuum_vacuum_threshold=500" in rows[table], table
