@@ -168,7 +168,10 @@ BEGIN
         FROM pgqueue.queue_counts c
         WHERE c.tier = p_tier AND c.tenant_id = p_tenant;
     END IF;
-    IF tier_rows + tenant_rows > 32 THEN
+    -- Fold only in READ COMMITTED: under REPEATABLE READ or SERIALIZABLE, locking a row that
+    -- changed after the snapshot raises a serialization failure (the workers fold anyway).
+    IF tier_rows + tenant_rows > 32
+       AND current_setting('transaction_isolation') = 'read committed' THEN
         PERFORM pgqueue.queue_counts_compact(p_tier, p_tenant, 1000);
     END IF;
     IF tier_cap IS NOT NULL AND tier_depth + n > tier_cap THEN
