@@ -51,14 +51,40 @@ def upgrade(dsn: str, revision: str = "head") -> None:
     """
     with psycopg.connect(dsn, autocommit=True) as conn:
         current = current_revision(conn)
+        granted = _granted(conn)
     if current is not None and current not in known_revisions():
         raise _newer_than_installed(current)
     command.upgrade(alembic_config(dsn), revision)
+    _regrant(dsn, granted, current)
 
 
 def downgrade(dsn: str, revision: str) -> None:
-    """Undo migrations down to ``revision`` (``base`` empties the schema)."""
+    """Undo migrations down to ``revision`` (``base`` empties the schema).
+
+    Raises:
+        psycopg.Error: the database refused a statement (the transaction is rolled back).
+    """
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        current = current_revision(conn)
+        granted = _granted(conn)
     command.downgrade(alembic_config(dsn), revision)
+    _regrant(dsn, granted, current)
+
+
+def _granted(conn: psycopg.Connection[Any]) -> bool:
+    row = queries.run(conn, "security_granted")
+    return bool(row and row["granted"])
+
+
+def _regrant(dsn: str, granted: bool, before: str | None) -> None:
+    """Re-apply ``pgqueue grant`` when it had been run and the schema changed: a function that
+    a migration replaced lost SECURITY DEFINER, and a new one is executable by PUBLIC."""
+    if not granted:
+        return
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if current_revision(conn) in (None, before):
+            return  # schema gone (downgrade to base), or nothing applied (another process did)
+        queries.run(conn, "security_grant")
 
 
 def current_revision(conn: psycopg.Connection[Any]) -> str | None:

@@ -322,3 +322,51 @@ def test_migrating_to_0008_keeps_what_pgqueue_grant_set(db_dsn):
         assert by_name[name] == (True, True, True, False), name
     for name in ("job_is_valid", "input_token_estimate"):
         assert by_name[name] == (False, False, False, False), name
+
+
+def _public_or_invoker(dsn: str) -> list[str]:
+    """Enqueue functions that are not SECURITY DEFINER, and functions PUBLIC may execute."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT p.proname FROM pg_proc p WHERE p.pronamespace = 'pgqueue'::regnamespace"
+            " AND ((p.proname IN ('enqueue', 'enqueue_many', 'try_enqueue', 'try_enqueue_many',"
+            "      'try_enqueue_batch') AND NOT p.prosecdef)"
+            "      OR (has_function_privilege('public', p.oid, 'EXECUTE')"
+            "          AND p.prorettype <> 'trigger'::regtype))"  # not callable directly
+        ).fetchall()
+    return sorted(r[0] for r in rows)
+
+
+def test_downgrade_and_upgrade_keep_what_pgqueue_grant_set(db_dsn):
+    """Found by a tester: after `pgqueue grant`, a downgrade across 0008 (whose down file
+    replaces the enqueue functions) and back left them SECURITY INVOKER, so producers got
+    `permission denied`, and new functions executable by PUBLIC. Migrations re-grant now."""
+    from pgqueue.db import migrate, queries
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        queries.run(conn, "security_grant")
+    assert _public_or_invoker(db_dsn) == []
+    migrate.downgrade(db_dsn, "0006")
+    assert _public_or_invoker(db_dsn) == []
+    migrate.upgrade(db_dsn)
+    assert _public_or_invoker(db_dsn) == []
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "pgqueue.enqueue_many('[0:1]={alice,bob}', '{scheduled,scheduled}', ARRAY[%(p)s, %(p)s])",
+        "pgqueue.enqueue_many('{alice,bob}', '[0:1]={scheduled,scheduled}', ARRAY[%(p)s, %(p)s])",
+        "pgqueue.enqueue_many('{alice,bob}', '{scheduled,scheduled}', ARRAY[%(p)s, %(p)s],"
+        " '[0:1]={5,7}')",
+        "pgqueue.enqueue_many('{{alice},{bob}}', '{scheduled,scheduled}', ARRAY[%(p)s, %(p)s])",
+    ],
+)
+def test_sql_batch_refuses_arrays_not_indexed_from_one(conn, call):
+    """Found by a tester: '[0:1]={5,7}' paired each job with its neighbour's SLA (and tier)."""
+    payload = Jsonb(GOOD)
+    with pytest.raises(psycopg.Error) as info:
+        conn.execute(f"SELECT * FROM {call}", {"p": payload})
+    assert info.value.sqlstate == "PQ009", info.value
+    conn.rollback()
+    assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone()[0] == 0

@@ -232,6 +232,17 @@ BEGIN
         RAISE EXCEPTION 'enqueue_many: all arrays must have the same length'
             USING ERRCODE = 'PQ009';
     END IF;
+    -- Jobs are matched across the arrays by position 1..n (unnest, and try_enqueue_many's
+    -- subscripts); an array declared with other bounds ('[0:1]={a,b}') would pair them wrong.
+    IF coalesce(array_lower(tenant_ids, 1), 1) <> 1 OR coalesce(array_lower(origins, 1), 1) <> 1
+       OR coalesce(array_lower(try_enqueue_batch.sla_seconds, 1), 1) <> 1
+       OR coalesce(array_lower(kinds, 1), 1) <> 1
+       OR coalesce(array_ndims(tenant_ids), 1) <> 1 OR coalesce(array_ndims(origins), 1) <> 1
+       OR coalesce(array_ndims(try_enqueue_batch.sla_seconds), 1) <> 1
+       OR coalesce(array_ndims(kinds), 1) <> 1 THEN
+        RAISE EXCEPTION 'enqueue_many: arrays must be one-dimensional and start at index 1'
+            USING ERRCODE = 'PQ009';
+    END IF;
     IF n = 0 THEN
         RETURN;
     END IF;

@@ -5,7 +5,8 @@
 -- autovacuum waits until 20 % of pgqueue.jobs is dead (about 200k versions when 1M finished
 -- jobs are kept), and a claim meanwhile walks those entries: bench/bloat.py measured claim +
 -- complete 2.30x slower after 1M finished jobs never vacuumed, 1.04x once vacuumed. So vacuum
--- pgqueue.jobs after 2 % (plus 1,000 rows) is dead or inserted, and the small tables that the
+-- pgqueue.jobs after 2 % (plus 1,000 rows) is dead (analyze after 2 % changed; a vacuum for
+-- inserts after 5 % inserted), and the small tables that the
 -- claim rewrites on every call (counters, deficits, tier state, inbox, limiter) after 500
 -- dead rows whatever their size. docs/operations.md has the numbers.
 ALTER TABLE pgqueue.jobs SET (

@@ -80,3 +80,12 @@ BEGIN
         TO pgqueue_worker, pgqueue_admin USING (true) WITH CHECK (true);
 END
 $grant$
+
+-- name: security_granted :one
+-- Has `pgqueue grant` been run in this database (the producer role can use the schema)?
+-- Migrations re-run it afterwards: a replaced function loses SECURITY DEFINER, and a new one
+-- starts executable by PUBLIC.
+SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgqueue_producer')
+             OR NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'pgqueue')
+            THEN false
+            ELSE has_schema_privilege('pgqueue_producer', 'pgqueue', 'USAGE') END AS granted
