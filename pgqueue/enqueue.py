@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sys
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +47,8 @@ from pgqueue.validation import (
     CheckedJob,
     check_job,
     has_nul_escape,
+    is_utf8_encodable,
+    jsonb_size,
     messages_payload_ok,
     to_json_text,
 )
@@ -351,7 +354,9 @@ def enqueue(
             a demoted tenant → batch). Callers never pass a tier.
         payload: Messages API parameters for the default kind (``model``, ``max_tokens`` > 0,
             non-empty ``messages``); any JSON object for other kinds. At most
-            ``max_payload_bytes`` (default 1 MiB) as JSON text.
+            ``max_payload_bytes`` (default 1 MiB) as Postgres prints it as jsonb (numbers
+            written in full: ``1e16`` counts 17 bytes); keep the GUC
+            ``pgqueue.max_payload_bytes`` equal to ``settings.max_payload_bytes``.
         sla_seconds: seconds the caller can wait, ``None`` for no SLA; finite and ≥ 0.
         kind: the handler name (default ``anthropic.messages``).
         max_attempts: failure attempts before the job fails (default 5; 1–1000).
@@ -426,6 +431,7 @@ async def _enqueue_async(
 _JOB_FIELDS = frozenset({"tenant_id", "origin", "payload", "sla_seconds", "kind"})
 _ORIGIN_VALUES = frozenset(o.value for o in Origin)
 _INF = float("inf")
+_MAX_FLOAT_INT = int(sys.float_info.max)  # larger ints may not convert to float
 
 
 def _check_many(jobs: Sequence[JobSpec | Mapping[str, Any]], cfg: Settings) -> _Batch:
@@ -478,16 +484,18 @@ def _check_many(jobs: Sequence[JobSpec | Mapping[str, Any]], cfg: Settings) -> _
             and isinstance(tenant, str)
             and 0 < len(tenant) <= MAX_TENANT_ID_CHARS
             and "\x00" not in tenant
+            and is_utf8_encodable(tenant)
             and isinstance(origin, str)
             and origin in _ORIGIN_VALUES
             and (
                 sla is None
                 or (type(sla) is float and 0.0 <= sla < _INF)
-                or (type(sla) is int and sla >= 0)
+                or (type(sla) is int and 0 <= sla <= _MAX_FLOAT_INT)
             )
             and isinstance(kind, str)
             and 0 < len(kind) <= MAX_KIND_CHARS
             and "\x00" not in kind
+            and is_utf8_encodable(kind)
             and isinstance(payload, Mapping)
             and (kind != DEFAULT_KIND or messages_payload_ok(payload))
         ):
@@ -519,13 +527,14 @@ def _check_many(jobs: Sequence[JobSpec | Mapping[str, Any]], cfg: Settings) -> _
 
 def _encode_all(payloads: list[Any], max_payload_bytes: int) -> str | None:
     """All payloads as one JSON array text, or None when one of them must be checked alone
-    (not encodable, may hold a NUL, or the whole text is over the cap of one payload)."""
+    (not encodable, may hold a NUL, or the whole text is over the cap of one payload as
+    Postgres measures it: no payload in the array can then be over it)."""
     try:
         text = to_json_text(payloads)
         size = len(text) if text.isascii() else len(text.encode("utf-8"))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         return None
-    if size > max_payload_bytes or has_nul_escape(text):
+    if has_nul_escape(text) or jsonb_size(payloads, text, size) > max_payload_bytes:
         return None
     return text
 

@@ -34,9 +34,14 @@ MAX_DEDUPE_KEY_CHARS = 256
 _INT32_MAX = 2_147_483_647
 # An escaped U+0000 that is not itself an escaped backslash followed by "u0000".
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-#: JSON text as Postgres prints jsonb (", " and ": " separators, UTF-8 kept); raises
-#: ValueError for NaN/Infinity and TypeError for what JSON cannot hold.
+#: JSON text as Postgres prints jsonb (", " and ": " separators, UTF-8 kept) but for numbers in
+#: exponent form (see :func:`jsonb_size`); raises ValueError for NaN/Infinity, TypeError for
+#: what JSON cannot hold and RecursionError for a payload nested too deeply.
 to_json_text = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(", ", ": ")).encode
+# A JSON string (skipped whole) or a number in exponent form (the groups: mantissa, exponent).
+_STRING_OR_EXPONENT = re.compile(
+    r'"[^"\\]*(?:\\.[^"\\]*)*"|(?<![\d.])(-?\d+(?:\.\d+)?)[eE]([-+]?\d+)'
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,12 +59,37 @@ class CheckedJob:
     dedupe_key: str | None = None
 
 
+def _shown(value: object, width: int = 80) -> str:
+    """``repr(value)`` cut to ``width`` characters, for an error message; never raises (an int
+    of more than 4,300 digits has no repr, by default)."""
+    try:
+        return repr(value)[:width]
+    except Exception:  # whatever a broken __repr__ raises
+        return f"<{type(value).__name__}>"
+
+
 def _check_text(value: object, what: str, limit: int, error: type[Exception]) -> str:
     if not isinstance(value, str) or value == "" or len(value) > limit:
-        raise error(f"{what} must be a string of 1 to {limit} characters, got {value!r:.80}")
+        raise error(f"{what} must be a string of 1 to {limit} characters, got {_shown(value)}")
     if "\x00" in value:
         raise NulCharacter(f"{what} contains a NUL character (U+0000)")
+    if not is_utf8_encodable(value):
+        raise error(
+            f"{what} holds a lone surrogate (U+D800..U+DFFF), which is not valid Unicode text "
+            f"and cannot be sent to the database, got {_shown(value)}"
+        )
     return value
+
+
+def is_utf8_encodable(text: str) -> bool:
+    """Whether ``text`` can be encoded as UTF-8 (holds no lone surrogate); ASCII is cheap."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_origin(origin: object) -> Origin:
@@ -72,7 +102,7 @@ def check_origin(origin: object) -> Origin:
         except ValueError:
             pass
     allowed = ", ".join(o.value for o in Origin)
-    raise UnknownOrigin(f"unknown origin {origin!r:.80}; expected one of {allowed}")
+    raise UnknownOrigin(f"unknown origin {_shown(origin)}; expected one of {allowed}")
 
 
 def check_sla(sla_seconds: object) -> float | None:
@@ -80,10 +110,17 @@ def check_sla(sla_seconds: object) -> float | None:
     if sla_seconds is None:
         return None
     if isinstance(sla_seconds, bool) or not isinstance(sla_seconds, int | float):
-        raise InvalidSla(f"sla_seconds must be a number of seconds or None, got {sla_seconds!r}")
-    value = float(sla_seconds)
+        raise InvalidSla(
+            f"sla_seconds must be a number of seconds or None, got {_shown(sla_seconds)}"
+        )
+    try:
+        value = float(sla_seconds)
+    except OverflowError:  # an int beyond the largest double (either sign)
+        raise InvalidSla(
+            f"sla_seconds is out of the range of double precision, got {_shown(sla_seconds, 40)}"
+        ) from None
     if not math.isfinite(value) or value < 0:
-        raise InvalidSla(f"sla_seconds must be finite and >= 0, got {sla_seconds!r}")
+        raise InvalidSla(f"sla_seconds must be finite and >= 0, got {_shown(sla_seconds)}")
     return value
 
 
@@ -98,16 +135,84 @@ def encode_payload(payload: object) -> str:
 
 
 def _encode(payload: object) -> tuple[str, int]:
-    """:func:`encode_payload`, plus the text's size in UTF-8 bytes."""
+    """:func:`encode_payload`, plus the size Postgres measures (:func:`jsonb_size`)."""
     try:
         text = to_json_text(payload)
         # ASCII text is its own UTF-8 (and cannot hold a lone surrogate): no copy needed.
         size = len(text) if text.isascii() else len(text.encode("utf-8"))
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
         raise InvalidPayload(f"payload is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidPayload("payload is nested too deeply to encode as JSON") from None
     if has_nul_escape(text):
         raise NulCharacter("payload contains a NUL character (U+0000), which Postgres cannot store")
-    return text, size
+    return text, jsonb_size(payload, text, size)
+
+
+def jsonb_size(payload: object, text: str, size: int) -> int:
+    """The size Postgres gives the payload, ``octet_length(payload::text)``, from ``text`` (its
+    :data:`to_json_text`, ``size`` bytes in UTF-8): never less than Postgres measures.
+
+    jsonb keeps numbers as ``numeric`` and prints them without exponent: Python writes a float
+    below 1e-4 or from 1e16 up in exponent form (``1e+16``, ``1e-07``), Postgres prints
+    ``10000000000000000`` and ``0.0000001`` (up to 309 digits for 1.7976931348623157e+308).
+    Such floats always put ``e+`` or ``e-`` in the text; only then (a ``+`` or an ``e-`` found,
+    both cheap to look for) the payload is walked and each of them counted at its printed
+    length, so the size is exact. Everything else in the text is as jsonb prints it. Postgres
+    can print less in two rare cases, so the size is then larger than its own: ``-0.0``, which
+    numeric prints ``0.0`` (one byte less each), and an object with two keys that are equal
+    once Python made them strings (``{1: .., "1": ..}``), of which jsonb keeps the last.
+    """
+    if "+" in text or "e-" in text:
+        size += _exponent_excess(payload)
+    return size
+
+
+def _exponent_excess(payload: object) -> int:
+    """Bytes Postgres adds to the JSON text of ``payload`` by printing numbers in full.
+
+    Walks what ``json`` encodes (dict values, list and tuple items; keys are strings), with a
+    stack rather than recursion, and reads each float as ``json`` writes it (``float.__repr__``).
+    """
+    excess = 0
+    stack: list[Any] = [payload]
+    pop, extend = stack.pop, stack.extend
+    while stack:
+        value = pop()
+        kind = type(value)
+        if kind is str or kind is int or kind is bool or value is None:
+            continue
+        if kind is dict:
+            extend(value.values())
+        elif kind is list:
+            extend(value)
+        elif isinstance(value, float):
+            # repr writes an exponent from 1e16 up and below 1e-4 (only then: cheap to test)
+            if value and not 1e-4 <= abs(value) < 1e16:
+                token = float.__repr__(value)
+                if "e" in token:
+                    excess += numeric_text_length(token) - len(token)
+        elif isinstance(value, dict):  # a subclass: json reads its items()
+            extend([v for _, v in value.items()])
+        elif isinstance(value, list | tuple):
+            extend(value)
+    return excess
+
+
+def numeric_text_length(token: str) -> int:
+    """Length of the JSON number ``token`` once read and printed by Postgres (``numeric_in``,
+    then ``numeric_out``): no exponent, ``max(0, fraction digits - exponent)`` decimals, and
+    no sign on zero. ``1e+16`` → 17, ``1.5e-07`` → 10 (``0.00000015``), ``1.50e3`` → 4."""
+    mantissa, _, exponent_text = token.lower().partition("e")
+    exponent = int(exponent_text) if exponent_text else 0
+    negative = mantissa.startswith("-")
+    whole, _, fraction = mantissa.lstrip("-").partition(".")
+    digits = (whole + fraction).lstrip("0")
+    dscale = max(0, len(fraction) - exponent)
+    decimals = 1 + dscale if dscale else 0
+    if not digits:  # zero: numeric has no negative zero
+        return 1 + decimals
+    return negative + max(1, len(digits) + exponent - len(fraction)) + decimals
 
 
 def has_nul_escape(text: str) -> bool:
@@ -116,8 +221,23 @@ def has_nul_escape(text: str) -> bool:
 
 
 def check_payload_size(text: str, max_payload_bytes: int) -> None:
-    """Raises :class:`PayloadTooLarge` when ``text`` is over ``max_payload_bytes`` UTF-8 bytes."""
-    _check_size(len(text.encode("utf-8")), max_payload_bytes)
+    """Raises :class:`PayloadTooLarge` when JSON ``text`` is over ``max_payload_bytes`` as
+    Postgres measures it (:func:`jsonb_text_size`)."""
+    _check_size(jsonb_text_size(text), max_payload_bytes)
+
+
+def jsonb_text_size(text: str) -> int:
+    """``octet_length(text::jsonb::text)`` for JSON ``text`` as :data:`to_json_text` writes it
+    (the separators jsonb prints): its UTF-8 size, each number in exponent form counted at the
+    length Postgres prints it (:func:`numeric_text_length`). Scans the text, so it is slower
+    than :func:`jsonb_size`, which walks the payload instead."""
+    size = len(text.encode("utf-8"))
+    if "e" not in text and "E" not in text:
+        return size
+    for match in _STRING_OR_EXPONENT.finditer(text):
+        if match.group(1) is not None:
+            size += numeric_text_length(match.group(0)) - len(match.group(0))
+    return size
 
 
 def _check_size(size: int, max_payload_bytes: int) -> None:
@@ -135,13 +255,14 @@ def check_messages_payload(payload: Mapping[str, Any]) -> None:
     if not isinstance(model, str) or model == "":
         raise InvalidPayload("payload.model must be a non-empty string")
     max_tokens = payload.get("max_tokens")
-    if (
-        isinstance(max_tokens, bool)
-        or not isinstance(max_tokens, int | float)
-        or not math.isfinite(max_tokens)
-        or max_tokens != int(max_tokens)
-        or not 0 < max_tokens <= _INT32_MAX
-    ):
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int | float):
+        valid = False
+    elif isinstance(max_tokens, int):  # compared as an int: no float conversion to overflow
+        valid = 0 < max_tokens <= _INT32_MAX
+    else:
+        valid = math.isfinite(max_tokens) and max_tokens.is_integer()
+        valid = valid and 0 < max_tokens <= _INT32_MAX
+    if not valid:
         raise InvalidPayload("payload.max_tokens must be a positive integer")
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:

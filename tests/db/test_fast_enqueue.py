@@ -21,7 +21,15 @@ import pgqueue
 from pgqueue import JobSpec, errors
 from pgqueue.models import Origin
 from pgqueue.validation import check_job
-from tests.db.test_validation import kinds, origins, payloads, slas, tenants
+from tests.db.test_validation import (
+    EXPONENT_HEAVY,
+    kinds,
+    nested,
+    origins,
+    payloads,
+    slas,
+    tenants,
+)
 
 GOOD = {
     "model": "claude-haiku-4-5",
@@ -269,6 +277,15 @@ malformed_fields = st.one_of(
     st.fixed_dictionaries({"payload": st.just({**GOOD, "max_tokens": 1.5})}),
     st.fixed_dictionaries({"payload": st.just({**GOOD, "model": "\x00"})}),
     st.fixed_dictionaries({"payload": st.just({**GOOD, "system": "x" * 1_100_000})}),
+    st.fixed_dictionaries({"payload": st.just(EXPONENT_HEAVY)}),  # over the cap once in jsonb
+    # What Python cannot hand to the driver: the field's typed error, not UnicodeEncodeError,
+    # OverflowError or RecursionError.
+    st.fixed_dictionaries({"tenant_id": st.sampled_from(["a\ud800", "\udfff"])}),
+    st.fixed_dictionaries({"kind": st.just("k\ud800")}),
+    st.fixed_dictionaries({"payload": st.just({**GOOD, "system": "\ud800"})}),
+    st.fixed_dictionaries({"sla_seconds": st.sampled_from([10**400, 2**1024])}),
+    st.fixed_dictionaries({"payload": st.just({**GOOD, "max_tokens": 10**400})}),
+    st.fixed_dictionaries({"payload": st.just({**GOOD, "x": nested(5000)})}),
 )
 
 
@@ -298,6 +315,47 @@ def test_python_batch_raises_what_single_enqueue_raises_for_the_first_bad_job(
     assert type(info.value) is expected
     assert str(info.value).startswith(f"job {where}: ")
     assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone()[0] == 0
+
+
+BOUNDARY_CASES = [
+    ({"tenant_id": "a\ud800"}, errors.InvalidTenant),
+    ({"kind": "k\ud800"}, errors.InvalidKind),
+    (
+        {"payload": {**GOOD, "messages": [{"role": "user", "content": "\ud800"}]}},
+        errors.InvalidPayload,
+    ),
+    ({"sla_seconds": 10**400}, errors.InvalidSla),
+    ({"payload": {**GOOD, "max_tokens": 10**400}}, errors.InvalidPayload),
+    ({"payload": {**GOOD, "x": nested(5000)}}, errors.InvalidPayload),
+    ({"payload": EXPONENT_HEAVY}, errors.PayloadTooLarge),
+]
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    BOUNDARY_CASES,
+    ids=[
+        "surrogate-tenant",
+        "surrogate-kind",
+        "surrogate-payload",
+        "huge-sla",
+        "huge-max-tokens",
+        "deep-payload",
+        "exponent-heavy",
+    ],
+)
+def test_python_batch_types_input_the_driver_cannot_send(db_dsn, fields, error):
+    with psycopg.connect(db_dsn) as conn:
+        conn.execute("CREATE TABLE public.mine (id int)")
+        conn.execute("INSERT INTO public.mine VALUES (1)")
+        jobs = [{"tenant_id": "a", "origin": "scheduled", "payload": GOOD} for _ in range(3)]
+        jobs[1].update(fields)
+        with pytest.raises(error, match=r"^job 1: "):
+            pgqueue.enqueue_many(conn, jobs)
+        conn.execute("INSERT INTO public.mine VALUES (2)")  # the transaction is still usable
+        conn.commit()
+        assert conn.execute("SELECT count(*) FROM public.mine").fetchone()[0] == 2
+        assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone()[0] == 0
 
 
 def test_migrating_to_0008_keeps_what_pgqueue_grant_set(db_dsn):

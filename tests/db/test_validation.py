@@ -21,13 +21,33 @@ from pgqueue import errors
 from pgqueue.models import Origin
 from pgqueue.scheduling.drr import estimate_input_tokens
 from pgqueue.scheduling.tiers import classify
-from pgqueue.validation import check_job
+from pgqueue.settings import Settings
+from pgqueue.validation import (
+    check_job,
+    jsonb_size,
+    jsonb_text_size,
+    numeric_text_length,
+    to_json_text,
+)
 
 GOOD = {
     "model": "claude-haiku-4-5",
     "max_tokens": 8,
     "messages": [{"role": "user", "content": "hi"}],
 }
+
+
+def nested(depth: int) -> dict[str, Any]:
+    """A JSON object ``depth`` levels deep, built without recursion."""
+    inner: dict[str, Any] = {}
+    for _ in range(depth):
+        inner = {"a": inner}
+    return inner
+
+
+#: 80,000 copies of 1e16: Python writes "1e+16" (~560 kB), jsonb prints 10000000000000000
+#: (~1.5 MB, over the 1 MiB cap).
+EXPONENT_HEAVY = {**GOOD, "x": [1e16] * 80_000}
 
 BAD_INPUTS: list[tuple[str, dict[str, Any], type[errors.UsageError]]] = [
     ("no model", {"payload": {"max_tokens": 8, "messages": [{}]}}, errors.InvalidPayload),
@@ -61,6 +81,28 @@ BAD_INPUTS: list[tuple[str, dict[str, Any], type[errors.UsageError]]] = [
     ("tenant not a string", {"tenant_id": 42}, errors.InvalidTenant),
     ("empty kind", {"kind": ""}, errors.InvalidKind),
     ("zero max_attempts", {"max_attempts": 0}, errors.InvalidArgument),
+    # Over the cap only as Postgres measures it (numbers printed without exponent).
+    ("oversize once jsonb prints it", {"payload": EXPONENT_HEAVY}, errors.PayloadTooLarge),
+    (
+        "oversize with tiny floats",
+        {"payload": {**GOOD, "x": [5e-324] * 4_000}},
+        errors.PayloadTooLarge,
+    ),
+    # Input Python cannot even hand to the driver: typed like the field's other errors.
+    ("lone surrogate in tenant", {"tenant_id": "a\ud800"}, errors.InvalidTenant),
+    ("lone surrogate in kind", {"kind": "k\udfff"}, errors.InvalidKind),
+    ("lone surrogate in dedupe_key", {"dedupe_key": "\ud800"}, errors.InvalidArgument),
+    (
+        "lone surrogate in payload",
+        {"payload": {**GOOD, "messages": [{"role": "user", "content": "a\ud800"}]}},
+        errors.InvalidPayload,
+    ),
+    ("lone surrogate in a payload key", {"payload": {**GOOD, "\ud800": 1}}, errors.InvalidPayload),
+    ("SLA beyond double precision", {"sla_seconds": 10**400}, errors.InvalidSla),
+    ("huge max_tokens", {"payload": {**GOOD, "max_tokens": 10**400}}, errors.InvalidPayload),
+    ("payload nested 5000 deep", {"payload": {**GOOD, "x": nested(5000)}}, errors.InvalidPayload),
+    ("tenant an int with no repr", {"tenant_id": 10**5000}, errors.InvalidTenant),
+    ("origin an int with no repr", {"origin": 10**5000}, errors.UnknownOrigin),
 ]
 
 
@@ -340,3 +382,152 @@ def test_a_thousand_malformed_inputs_get_typed_errors_and_write_nothing(conn, ov
         _call(conn, **overrides)
     assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone()[0] == 0
     assert conn.execute("SELECT count(*) FROM pgqueue.tenants").fetchone()[0] == 0
+
+
+# ------------------------------------------------------- payload size as Postgres measures it
+
+
+def _pg_size(conn: psycopg.Connection[Any], text: str) -> int:
+    """``octet_length(payload::text)``: what validate_job and job_is_valid compare to the cap."""
+    return conn.execute("SELECT octet_length(%s::jsonb::text)", (text,)).fetchone()[0]
+
+
+def _holds_negative_zero(value: Any) -> bool:
+    if isinstance(value, float):
+        return value == 0.0 and math.copysign(1.0, value) < 0
+    if isinstance(value, dict):
+        return any(_holds_negative_zero(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds_negative_zero(v) for v in value)
+    return False
+
+
+numbers = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.floats(allow_nan=False, allow_infinity=False, min_value=-1e-3, max_value=1e-3),
+    st.sampled_from(
+        [
+            1e16,
+            1e-7,
+            1.5e300,
+            -0.0,
+            0.0,
+            5e-324,
+            -1.7976931348623157e308,
+            1e-4,
+            9.999999999999999e-05,
+            1.2345678901234567e16,
+            9999999999999998.0,
+            1e22,
+            -2.5e-10,
+        ]
+    ),
+    st.integers(),
+    st.integers(min_value=-(10**60), max_value=10**60),
+)
+sized_json = st.recursive(
+    st.one_of(
+        numbers,
+        st.none(),
+        st.booleans(),
+        st.sampled_from(["1e+16", "x 2e-07 y", "é", "one-time", "C++", '"e+1"', "\\e-5"]),
+        st.text(max_size=8).filter(lambda t: "\x00" not in t),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(st.text(max_size=4).filter(lambda t: "\x00" not in t), inner, max_size=4),
+    ),
+    max_leaves=12,
+)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(value=sized_json)
+@example(value=[1e16] * 3)
+@example(value={"a": [1e-7, {"b": 1.5e300}], "c": -0.0})
+@example(value=[10**80, -(10**40), 1.0, 100.0])
+def test_python_never_measures_a_payload_smaller_than_postgres(conn, value):
+    payload = {"x": value}
+    text = to_json_text(payload)
+    utf8 = len(text.encode("utf-8"))
+    pg = _pg_size(conn, text)
+    py = jsonb_size(payload, text, utf8)
+    assert py >= pg
+    assert jsonb_text_size(text) == py
+    if not _holds_negative_zero(value):  # -0.0 is printed 0.0: the one byte Python counts more
+        assert py == pg
+        # At the cap exactly, Python and SQL agree: one byte less and both refuse.
+        check_job(
+            tenant_id="a", origin="scheduled", payload=payload, kind="k", max_payload_bytes=pg
+        )
+        with pytest.raises(errors.PayloadTooLarge):
+            check_job(
+                tenant_id="a",
+                origin="scheduled",
+                payload=payload,
+                kind="k",
+                max_payload_bytes=pg - 1,
+            )
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    sign=st.sampled_from(["", "-"]),
+    whole=st.from_regex(r"0|[1-9][0-9]{0,20}", fullmatch=True),
+    fraction=st.one_of(st.just(""), st.from_regex(r"[0-9]{1,20}", fullmatch=True)),
+    e=st.sampled_from(["e", "E"]),
+    exponent=st.integers(-350, 350),
+    exponent_sign=st.sampled_from(["", "+"]),
+)
+def test_numeric_text_length_is_postgres_printing_a_number(
+    conn, sign, whole, fraction, e, exponent, exponent_sign
+):
+    token = f"{sign}{whole}{'.' if fraction else ''}{fraction}{e}"
+    token += f"{exponent_sign if exponent >= 0 else ''}{exponent}"
+    assert numeric_text_length(token) == _pg_size(conn, token)
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["enqueue", "enqueue_many"])
+def test_payload_over_the_cap_as_postgres_prints_it_is_refused_before_sending(db_dsn, many):
+    """The B3 repro: 560 kB as Python writes it, 1.5 MB as jsonb prints it."""
+    text = to_json_text(EXPONENT_HEAVY)
+    assert len(text) < 1_048_576
+    with psycopg.connect(db_dsn) as conn:
+        assert _pg_size(conn, text) > 1_048_576
+        conn.rollback()
+        conn.execute("CREATE TABLE public.mine (id int)")
+        conn.execute("INSERT INTO public.mine VALUES (1)")
+        sent_before = conn.info.transaction_status
+        with pytest.raises(errors.PayloadTooLarge, match="over the cap"):
+            if many:
+                pgqueue.enqueue_many(
+                    conn,
+                    [
+                        pgqueue.JobSpec("a", "scheduled", GOOD),
+                        pgqueue.JobSpec("a", "scheduled", EXPONENT_HEAVY),
+                    ],
+                )
+            else:
+                pgqueue.enqueue(conn, tenant_id="a", origin="scheduled", payload=EXPONENT_HEAVY)
+        assert conn.info.transaction_status == sent_before  # not aborted: nothing was sent
+        conn.execute("INSERT INTO public.mine VALUES (2)")
+        conn.commit()
+        assert conn.execute("SELECT count(*) FROM public.mine").fetchone()[0] == 2
+        assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone()[0] == 0
+
+
+def test_a_payload_under_the_cap_as_postgres_prints_it_is_stored(conn):
+    """Exponent-form floats may also print shorter (1.2345678901234568e+16 → 17 digits)."""
+    payload = {**GOOD, "x": [1.2345678901234567e16] * 40_000}
+    text = to_json_text(payload)
+    assert len(text) > 900_000 and _pg_size(conn, text) < 900_000
+    settings_ = Settings(max_payload_bytes=900_000)
+    conn.execute("SET pgqueue.max_payload_bytes = 900000")
+    job_id = pgqueue.enqueue(
+        conn, tenant_id="a", origin="scheduled", payload=payload, settings=settings_
+    )
+    assert job_id is not None
