@@ -6,13 +6,8 @@
 -- producer sends a batch's payloads as ONE jsonb array instead of a jsonb[] of texts.
 
 -- CREATE OR REPLACE below resets SECURITY DEFINER and search_path on the enqueue functions,
--- and new functions start executable by PUBLIC: remember whether `pgqueue grant` had been run
--- (sql/queries/security.sql), to put its settings back at the end.
-SELECT set_config('pgqueue.migration_0008_granted',
-                  (EXISTS (SELECT 1 FROM pg_proc p
-                           WHERE p.pronamespace = 'pgqueue'::regnamespace
-                             AND p.proname = 'try_enqueue' AND p.prosecdef))::text,
-                  true);
+-- and new functions start executable by PUBLIC: `pgqueue migrate` re-applies `pgqueue grant`
+-- afterwards when it had been run (pgqueue/db/migrate.py).
 
 -- --------------------------------------------------------------------------------- rules
 
@@ -364,29 +359,3 @@ BEGIN
     END LOOP;
 END
 $$;
-
--- ------------------------------------------------------------------------------- grants
-
--- As `pgqueue grant` does, when it had been run: producers keep enqueueing (try_enqueue_batch
--- included) through SECURITY DEFINER functions, and nobody else gets the new functions.
-DO $grant$
-DECLARE
-    f regprocedure;
-BEGIN
-    IF current_setting('pgqueue.migration_0008_granted', true) IS DISTINCT FROM 'true' THEN
-        RETURN;
-    END IF;
-    REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgqueue FROM PUBLIC;
-    GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA pgqueue TO pgqueue_worker, pgqueue_admin;
-    FOR f IN
-        SELECT p.oid::regprocedure FROM pg_proc p
-        WHERE p.pronamespace = 'pgqueue'::regnamespace
-          AND p.proname IN ('enqueue', 'enqueue_many', 'try_enqueue', 'try_enqueue_many',
-                            'try_enqueue_batch')
-    LOOP
-        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER '
-                       'SET search_path = pg_catalog, pgqueue, pg_temp', f);
-        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO pgqueue_producer', f);
-    END LOOP;
-END
-$grant$;
