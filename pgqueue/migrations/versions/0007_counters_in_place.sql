@@ -56,16 +56,18 @@ BEGIN
         ) p
         WHERE d.tenant_id IS NULL
     ), bumped AS (
+        -- By TID list, not a join: a join may be planned as a scan of every counter row
+        -- (the plan is generic, made once per session, maybe while the table was small).
         UPDATE pgqueue.queue_counts c
-        SET queued = c.queued + picked.queued
-        FROM picked
-        WHERE c.ctid = picked.row_id
-        RETURNING picked.ord
+        SET queued = c.queued + (SELECT p.queued FROM picked p WHERE p.row_id = c.ctid)
+        WHERE c.ctid = ANY (ARRAY(SELECT picked.row_id FROM picked))
+        RETURNING c.tier, c.tenant_id  -- one locked row per key: the key tells which delta
     )
     INSERT INTO pgqueue.queue_counts (tier, tenant_id, queued)
     SELECT d.tier, d.tenant_id, d.queued
     FROM d
-    WHERE NOT EXISTS (SELECT 1 FROM bumped b WHERE b.ord = d.ord);
+    WHERE NOT EXISTS (SELECT 1 FROM bumped b
+                      WHERE b.tier = d.tier AND b.tenant_id IS NOT DISTINCT FROM d.tenant_id);
 END
 $$;
 
