@@ -177,3 +177,38 @@ def test_claim_path_does_not_read_finished_jobs(conn, db_dsn):
         assert "Seq Scan" not in node, plans
         # an index probe: a few index pages per loop, one heap page per row it returns
         assert pages <= 4 * loops + 2 * rows + 4, (node, rows, loops, pages)
+
+
+def test_a_session_that_claimed_on_an_empty_queue_still_claims_by_index(db_dsn):
+    """drr_dispatch keeps generic plans, made at a session's first claim. A worker started on an
+    empty queue planned the batch UPDATE of pgqueue.jobs as a sequential scan and kept it, so
+    every claim read the whole table (half the throughput in `pgqueue bench`). Revision 0010
+    plans that statement at each call."""
+    plans: list[str] = []
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        try:
+            c.execute("LOAD 'auto_explain'")
+        except psycopg.Error:
+            pytest.skip("auto_explain is not available on this server")
+        for _ in range(8):  # the worker idles on an empty queue: plans are made and kept
+            assert c.execute("SELECT id FROM pgqueue.claim(10, 'w', 60)").fetchall() == []
+        with psycopg.connect(db_dsn, autocommit=True) as producer:
+            producer.execute(
+                "INSERT INTO pgqueue.tenants (tenant_id) SELECT 't' || g"
+                " FROM generate_series(0, 9) g"
+            )
+            producer.execute(
+                "INSERT INTO pgqueue.jobs (tenant_id, origin, priority, payload)"
+                " SELECT 't' || (g % 10), 'user_action', 'critical', '{}'::jsonb"
+                " FROM generate_series(1, 5000) g"
+            )
+        c.execute("SET auto_explain.log_min_duration = 0")
+        c.execute("SET auto_explain.log_nested_statements = on")
+        c.execute("SET client_min_messages = log")
+        c.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
+        for _ in range(2):
+            assert len(c.execute("SELECT id FROM pgqueue.claim(10, 'w', 60)").fetchall()) == 10
+    batch_writes = [p for p in plans if "took AS" in p and "Update on jobs" in p]
+    assert batch_writes, plans
+    for plan in batch_writes:
+        assert "Seq Scan on jobs" not in plan, plan
