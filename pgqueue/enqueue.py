@@ -35,6 +35,7 @@ from pgqueue.errors import (
     CannotBlockInTransaction,
     InvalidArgument,
     QueueFull,
+    SchemaOutOfDate,
     UsageError,
     from_sqlstate,
 )
@@ -118,6 +119,12 @@ class _Batch:
 
 
 def _translate(exc: psycopg.Error) -> Exception:
+    if isinstance(exc, psycopg.errors.UndefinedFunction) and "pgqueue." in str(exc):
+        # This pgqueue calls a function the database's schema does not have yet.
+        return SchemaOutOfDate(
+            f"the pgqueue schema in this database is older than this pgqueue "
+            f"({exc.diag.message_primary}); run `pgqueue migrate`"
+        )
     mapped = from_sqlstate(
         exc.sqlstate, exc.diag.message_primary or str(exc), exc.diag.message_detail
     )
@@ -384,6 +391,8 @@ def enqueue(
             written and the caller's transaction is still usable (no savepoint needed).
         CannotBlockInTransaction: a ``QueueFull`` for policy ``block`` when the caller has a
             transaction open: pgqueue does not wait while holding the caller's locks.
+        SchemaOutOfDate: the database lacks a function this pgqueue calls (run ``pgqueue
+            migrate``); the caller's transaction is aborted.
     """
     cfg = settings or _settings()
     timeout = (

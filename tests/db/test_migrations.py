@@ -80,3 +80,18 @@ def test_queue_tables_are_vacuumed_early(db_dsn):
     assert "autovacuum_vacuum_scale_factor=0.02" in rows["jobs"]
     for table in ("queue_counts", "deficits", "tier_state", "drr_inbox", "rate_limits"):
         assert "autovacuum_vacuum_threshold=500" in rows[table], table
+
+
+def test_enqueue_against_an_older_schema_names_the_command(db_dsn):
+    """Found by a tester: new code against a schema at 0007 raised a raw UndefinedFunction
+    (pgqueue.try_enqueue_batch); it is SchemaOutOfDate, which says to run migrate."""
+    import pgqueue
+
+    migrate.downgrade(db_dsn, "0007")
+    payload = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    with (
+        psycopg.connect(db_dsn, autocommit=True) as conn,
+        pytest.raises(SchemaOutOfDate, match="pgqueue migrate"),
+    ):
+        pgqueue.enqueue_many(conn, [pgqueue.JobSpec("a", "batch_job", payload)])
+    migrate.upgrade(db_dsn)
