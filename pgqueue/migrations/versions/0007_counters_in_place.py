@@ -10,13 +10,18 @@ from pathlib import Path
 
 from alembic import op
 
+from pgqueue.db.sqltext import function_definition
+
 revision = "0007"
 down_revision = "0006"
 branch_labels = None
 depends_on = None
 
 _SQL = Path(__file__).with_suffix(".sql")
-_DOWN_SQL = Path(__file__).with_name("0007_counters_in_place_down.sql")
+_0006 = Path(__file__).with_name("0006_admission.sql")
+#: The functions this revision replaces, restored from revision 0006 by the downgrade.
+_REPLACED = ("queue_counts_on_insert", "queue_counts_on_update", "queue_counts_on_delete",
+             "admission_check")  # fmt: skip
 
 
 def upgrade() -> None:
@@ -24,4 +29,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute(_DOWN_SQL.read_text(encoding="utf-8"))
+    for name in _REPLACED:
+        op.execute(function_definition(_0006, name))
+    op.execute("DROP FUNCTION pgqueue.queue_counts_add(pgqueue.tier[], text[], bigint[])")

@@ -1,7 +1,7 @@
 """Fast enqueue: set-based batch validation, inlinable rules, one jsonb array per batch.
 
 Revision ID: 0008
-Revises: 0007 (0006 until revision 0007 is merged: flip ``down_revision`` below)
+Revises: 0007
 """
 
 from __future__ import annotations
@@ -10,13 +10,20 @@ from pathlib import Path
 
 from alembic import op
 
+from pgqueue.db.sqltext import function_definition
+
 revision = "0008"
-down_revision = "0007"  # TODO(lead): "0007" once revision 0007 is merged
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
 _SQL = Path(__file__).with_suffix(".sql")
-_DOWN_SQL = Path(__file__).with_name("0008_fast_enqueue_down.sql")
+#: What this revision replaces, restored by the downgrade from the revisions that made it.
+_REPLACED = (
+    ("0001_initial.sql", "estimate_input_tokens"),
+    ("0006_admission.sql", "try_enqueue"),
+    ("0006_admission.sql", "enqueue_many"),
+)
 
 
 def upgrade() -> None:
@@ -25,7 +32,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     # Put back the functions that read the new ones, then drop the new ones.
-    op.execute(_DOWN_SQL.read_text(encoding="utf-8"))
+    for sql_file, name in _REPLACED:
+        op.execute(function_definition(Path(__file__).with_name(sql_file), name))
     op.execute(
         """
         DROP FUNCTION IF EXISTS pgqueue.try_enqueue_batch(text[], text[], jsonb,

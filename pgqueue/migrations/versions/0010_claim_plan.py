@@ -25,15 +25,14 @@ from pathlib import Path
 
 from alembic import op
 
+from pgqueue.db.sqltext import function_definition
+
 revision = "0010"
 down_revision = "0009"
 branch_labels = None
 depends_on = None
 
 _DRR_SQL = Path(__file__).with_name("0002_drr.sql")
-_START = "CREATE FUNCTION pgqueue.drr_dispatch("
-_REPLACE = "CREATE OR REPLACE FUNCTION pgqueue.drr_dispatch("
-_END = "\n$$;\n"
 _HEAD = "    RETURN QUERY\n    WITH flushed AS ("
 _TAIL = "    SELECT took.tier, took.round, took.j FROM took ORDER BY took.ord;\n"
 #: The batch statement's plpgsql variables, in the order of their $n in EXECUTE … USING.
@@ -48,10 +47,8 @@ _KEEP_GENERIC = (
 
 
 def _original() -> str:
-    """Revision 0002's ``CREATE FUNCTION pgqueue.drr_dispatch`` statement, verbatim."""
-    text = _DRR_SQL.read_text(encoding="utf-8")
-    start = text.index(_START)
-    return text[start : text.index(_END, start) + len(_END)]
+    """Revision 0002's ``drr_dispatch`` (as CREATE OR REPLACE), verbatim."""
+    return function_definition(_DRR_SQL, "drr_dispatch")
 
 
 def _with_dynamic_batch_write(body: str) -> str:
@@ -76,10 +73,10 @@ def _with_dynamic_batch_write(body: str) -> str:
 
 
 def upgrade() -> None:
-    op.execute(_with_dynamic_batch_write(_original().replace(_START, _REPLACE, 1)))
+    op.execute(_with_dynamic_batch_write(_original()))
     op.execute(_KEEP_GENERIC)
 
 
 def downgrade() -> None:
-    op.execute(_original().replace(_START, _REPLACE, 1))
+    op.execute(_original())
     op.execute(_KEEP_GENERIC)

@@ -1,0 +1,25 @@
+"""Statements read out of the migrations' SQL files, so that a downgrade restores an older
+function from the revision that defined it instead of a copy of its text."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+_END = "\n$$;\n"
+
+
+def function_definition(sql_file: Path, name: str) -> str:
+    """The ``CREATE [OR REPLACE] FUNCTION pgqueue.<name>(…)`` statement of ``sql_file``, verbatim
+    up to its closing ``$$;``, turned into ``CREATE OR REPLACE FUNCTION``.
+
+    Raises:
+        ValueError: ``sql_file`` defines ``pgqueue.<name>`` not exactly once.
+    """
+    text = sql_file.read_text(encoding="utf-8")
+    pattern = rf"^CREATE (?:OR REPLACE )?FUNCTION pgqueue\.{re.escape(name)}\("
+    starts = [m.start() for m in re.finditer(pattern, text, flags=re.MULTILINE)]
+    if len(starts) != 1:
+        raise ValueError(f"{sql_file.name} defines pgqueue.{name} {len(starts)} times, not once")
+    statement = text[starts[0] : text.index(_END, starts[0]) + len(_END)]
+    return re.sub(r"^CREATE (?:OR REPLACE )?FUNCTION", "CREATE OR REPLACE FUNCTION", statement)
