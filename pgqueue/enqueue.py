@@ -35,7 +35,6 @@ from pgqueue.errors import (
     CannotBlockInTransaction,
     InvalidArgument,
     QueueFull,
-    SchemaOutOfDate,
     UsageError,
     from_sqlstate,
 )
@@ -119,12 +118,6 @@ class _Batch:
 
 
 def _translate(exc: psycopg.Error) -> Exception:
-    if isinstance(exc, psycopg.errors.UndefinedFunction) and "pgqueue." in str(exc):
-        # This pgqueue calls a function the database's schema does not have yet.
-        return SchemaOutOfDate(
-            f"the pgqueue schema in this database is older than this pgqueue "
-            f"({exc.diag.message_primary}); run `pgqueue migrate`"
-        )
     mapped = from_sqlstate(
         exc.sqlstate, exc.diag.message_primary or str(exc), exc.diag.message_detail
     )

@@ -205,14 +205,20 @@ _BY_SQLSTATE: dict[str, type[UsageError]] = {cls.sqlstate: cls for cls in USAGE_
 
 def from_sqlstate(
     sqlstate: str | None, message: str, detail: str | None = None
-) -> UsageError | QueueFull | None:
+) -> UsageError | QueueFull | SchemaOutOfDate | None:
     """Map a ``PQxxx`` SQLSTATE raised by ``pgqueue.enqueue`` to its Python error, else None.
 
     For ``PQ010`` (:class:`QueueFull`) ``detail`` is the JSON verdict the database sends in
-    the error's DETAIL field.
+    the error's DETAIL field. ``42883`` (undefined_function) naming a ``pgqueue.`` function
+    means the schema is older than this pgqueue: :class:`SchemaOutOfDate`.
     """
     if sqlstate is None:
         return None
+    if sqlstate == "42883" and "pgqueue." in message:
+        return SchemaOutOfDate(
+            f"the pgqueue schema in this database is older than this pgqueue ({message}); "
+            "run `pgqueue migrate`"
+        )
     if sqlstate == "22P05":  # untranslatable_character: \u0000 in jsonb or text
         return NulCharacter(message)
     if sqlstate == QueueFull.sqlstate:
