@@ -9,7 +9,8 @@ backpressure, all in Postgres. Enqueue joins the caller's transaction::
 """
 
 from pgqueue.admission import admission_status, set_admission, set_tenant_max_queued
-from pgqueue.enqueue import JobSpec, enqueue, enqueue_many
+from pgqueue.batch import JobSpec
+from pgqueue.enqueue import enqueue, enqueue_many
 from pgqueue.errors import (
     AdmissionError,
     CannotBlockInTransaction,

@@ -20,37 +20,28 @@ from __future__ import annotations
 
 import asyncio
 import random
-import sys
 import time
 from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, overload
 
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from pgqueue.batch import JobSpec, check_batch
 from pgqueue.db import queries
 from pgqueue.errors import (
     CannotBlockInTransaction,
     InvalidArgument,
     QueueFull,
-    UsageError,
     from_sqlstate,
 )
 from pgqueue.models import DEFAULT_KIND, AdmissionPolicy, Origin
 from pgqueue.observability import metrics
 from pgqueue.settings import Settings
 from pgqueue.validation import (
-    MAX_KIND_CHARS,
-    MAX_TENANT_ID_CHARS,
     CheckedJob,
     check_job,
-    has_nul_escape,
-    is_utf8_encodable,
-    jsonb_size,
-    messages_payload_ok,
-    to_json_text,
 )
 
 try:  # SQLAlchemy is a dependency, but keep the import cost off the hot path of psycopg users
@@ -63,17 +54,6 @@ SyncTarget = psycopg.Connection[Any] | Session
 AsyncTarget = psycopg.AsyncConnection[Any] | AsyncSession
 
 _DEFAULT_SETTINGS: Settings | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class JobSpec:
-    """One job for :func:`enqueue_many`; the fields mean what :func:`enqueue`'s arguments do."""
-
-    tenant_id: str
-    origin: Origin | str
-    payload: Mapping[str, Any]
-    sla_seconds: float | None = None
-    kind: str = DEFAULT_KIND
 
 
 def _settings() -> Settings:
@@ -94,27 +74,6 @@ def _params(job: CheckedJob) -> dict[str, Any]:
         "run_at": job.run_at,
         "dedupe_key": job.dedupe_key,
     }
-
-
-@dataclass(frozen=True, slots=True)
-class _Batch:
-    """Validated jobs for ``pgqueue.try_enqueue_batch``: one list per column, in input order,
-    and every payload in ONE JSON array text (the server parses it once, as jsonb)."""
-
-    tenant_ids: list[str]
-    origins: list[str]
-    payloads_json: str
-    sla_seconds: list[float | None]
-    kinds: list[str]
-
-    def params(self) -> dict[str, Any]:
-        return {
-            "tenant_ids": self.tenant_ids,
-            "origins": self.origins,
-            "payloads": self.payloads_json,
-            "sla_seconds": self.sla_seconds,
-            "kinds": self.kinds,
-        }
 
 
 def _translate(exc: psycopg.Error) -> Exception:
@@ -430,117 +389,6 @@ async def _enqueue_async(
     return _id(rows[0])
 
 
-_JOB_FIELDS = frozenset({"tenant_id", "origin", "payload", "sla_seconds", "kind"})
-_ORIGIN_VALUES = frozenset(o.value for o in Origin)
-_INF = float("inf")
-_MAX_FLOAT_INT = int(sys.float_info.max)  # larger ints may not convert to float
-
-
-def _check_many(jobs: Sequence[JobSpec | Mapping[str, Any]], cfg: Settings) -> _Batch:
-    """Validate a batch; raises the first bad job's typed error, prefixed ``job <index>:``.
-
-    Fast path: all payloads are encoded by one ``json`` call into one array text, and each job
-    gets only cheap field checks. Anything that fails them (or a batch whose text is over the
-    payload cap, or that may hold a NUL) goes through :func:`check_job`, job by job, which
-    raises exactly what a single enqueue raises for the same input.
-    """
-    if isinstance(jobs, str | bytes) or not isinstance(jobs, Sequence):
-        raise InvalidArgument("enqueue_many takes a sequence of JobSpec or mappings")
-    tenant_ids: list[Any] = []
-    origins: list[Any] = []
-    payloads: list[Any] = []
-    slas: list[Any] = []
-    kinds: list[Any] = []
-    for index, spec in enumerate(jobs):
-        if isinstance(spec, JobSpec):
-            tenant_ids.append(spec.tenant_id)
-            origins.append(spec.origin)
-            payloads.append(spec.payload)
-            slas.append(spec.sla_seconds)
-            kinds.append(spec.kind)
-        elif isinstance(spec, Mapping):
-            if not _JOB_FIELDS.issuperset(spec):
-                unknown = set(spec) - _JOB_FIELDS
-                raise InvalidArgument(f"job {index}: unknown fields {sorted(unknown)}")
-            tenant_ids.append(spec.get("tenant_id"))
-            origins.append(spec.get("origin"))
-            payloads.append(spec.get("payload"))
-            slas.append(spec.get("sla_seconds"))
-            kinds.append(spec.get("kind", DEFAULT_KIND))
-        else:
-            raise InvalidArgument(f"job {index}: expected a JobSpec or a mapping")
-    text = _encode_all(payloads, cfg.max_payload_bytes)
-    texts: list[str] | None = None
-    if text is None:
-        texts = []
-    for index in range(len(payloads)):
-        tenant, origin, payload, sla, kind = (
-            tenant_ids[index],
-            origins[index],
-            payloads[index],
-            slas[index],
-            kinds[index],
-        )
-        if (
-            texts is None
-            and isinstance(tenant, str)
-            and 0 < len(tenant) <= MAX_TENANT_ID_CHARS
-            and "\x00" not in tenant
-            and is_utf8_encodable(tenant)
-            and isinstance(origin, str)
-            and origin in _ORIGIN_VALUES
-            and (
-                sla is None
-                or (type(sla) is float and 0.0 <= sla < _INF)
-                or (type(sla) is int and 0 <= sla <= _MAX_FLOAT_INT)
-            )
-            and isinstance(kind, str)
-            and 0 < len(kind) <= MAX_KIND_CHARS
-            and "\x00" not in kind
-            and is_utf8_encodable(kind)
-            and isinstance(payload, Mapping)
-            and (kind != DEFAULT_KIND or messages_payload_ok(payload))
-        ):
-            if type(origin) is not str:
-                origins[index] = str(origin)
-            if type(sla) is int:
-                slas[index] = float(sla)
-            continue
-        try:  # the slow path raises this job's error, or normalises its fields
-            job = check_job(
-                tenant_id=tenant,
-                origin=origin,
-                payload=payload,
-                sla_seconds=sla,
-                kind=kind,
-                max_payload_bytes=cfg.max_payload_bytes,
-            )
-        except UsageError as exc:
-            raise type(exc)(f"job {index}: {exc}") from None
-        origins[index] = job.origin.value
-        slas[index] = job.sla_seconds
-        if texts is not None:
-            texts.append(job.payload_json)
-    if texts is not None:
-        text = "[" + ", ".join(texts) + "]"
-    assert text is not None
-    return _Batch(tenant_ids, origins, text, slas, kinds)
-
-
-def _encode_all(payloads: list[Any], max_payload_bytes: int) -> str | None:
-    """All payloads as one JSON array text, or None when one of them must be checked alone
-    (not encodable, may hold a NUL, or the whole text is over the cap of one payload as
-    Postgres measures it: no payload in the array can then be over it)."""
-    try:
-        text = to_json_text(payloads)
-        size = len(text) if text.isascii() else len(text.encode("utf-8"))
-    except (TypeError, ValueError, RecursionError):
-        return None
-    if has_nul_escape(text) or jsonb_size(payloads, text, size) > max_payload_bytes:
-        return None
-    return text
-
-
 @overload
 def enqueue_many(
     conn: AsyncTarget,
@@ -580,7 +428,7 @@ def enqueue_many(
         if block_timeout_seconds is None
         else block_timeout_seconds
     )
-    batch = _check_many(jobs, cfg)
+    batch = check_batch(jobs, cfg.max_payload_bytes)
     if not batch.tenant_ids:
         return _empty_async() if _is_async(conn) else []
     params = batch.params()

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import psycopg
 
-from pgqueue.enqueue import JobSpec, enqueue_many
+from pgqueue.batch import JobSpec
+from pgqueue.enqueue import enqueue_many
 from pgqueue.settings import Settings
 from pgqueue.trace import PlannedJob
 
