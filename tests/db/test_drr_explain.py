@@ -212,3 +212,54 @@ def test_a_session_that_claimed_on_an_empty_queue_still_claims_by_index(db_dsn):
     assert batch_writes, plans
     for plan in batch_writes:
         assert "Seq Scan on jobs" not in plan, plan
+
+
+@pytest.mark.parametrize("analyzed", [False, True])
+def test_a_session_that_claimed_on_a_small_queue_fetches_heads_by_tenant(db_dsn, analyzed):
+    """The per-turn head fetch of drr_dispatch keeps the plan of the session's first claim. A
+    worker whose first claims saw a few unanalyzed jobs (a new install, a benchmark's sentinel)
+    planned it as a scan of the tier's whole queue by `jobs_queued_priority_idx`, filtering the
+    tenant: every DRR turn then read every queued job of the tier (48 million index entries for
+    10,000 jobs in one run). Revision 0011 orders the fetch like `jobs_queued_tenant_head_idx`
+    and drops the tier index, so the fetch reads about the rows it takes."""
+    plans: list[str] = []
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        try:
+            c.execute("LOAD 'auto_explain'")
+        except psycopg.Error:
+            pytest.skip("auto_explain is not available on this server")
+        c.execute(
+            "INSERT INTO pgqueue.tenants (tenant_id) SELECT 't' || g FROM generate_series(0, 9) g"
+        )
+        c.execute(  # one job per tier due later: present, never due during the test
+            "INSERT INTO pgqueue.jobs (tenant_id, origin, priority, payload, run_at)"
+            " SELECT 't0', 'user_action', p, '{}'::jsonb, now() + interval '1 hour'"
+            " FROM unnest('{critical,standard,batch}'::pgqueue.tier[]) p"
+        )
+        if analyzed:  # autovacuum analyzed the table while it was small
+            c.execute("ANALYZE pgqueue.jobs")
+        for _ in range(4):  # an idle worker's claims make the session's plans
+            assert c.execute("SELECT id FROM pgqueue.claim(10, 'w', 60)").fetchall() == []
+        c.execute(
+            "INSERT INTO pgqueue.jobs (tenant_id, origin, priority, payload)"
+            " SELECT 't' || (g % 10), 'user_action',"
+            " (ARRAY['critical','standard','batch']::pgqueue.tier[])[1 + g % 3], '{}'::jsonb"
+            " FROM generate_series(1, 6000) g"
+        )
+        for _ in range(2):  # the first claim after the fill plans what the worker keeps
+            assert len(c.execute("SELECT id FROM pgqueue.claim(10, 'w', 60)").fetchall()) == 10
+        c.execute("SET auto_explain.log_min_duration = 0")
+        c.execute("SET auto_explain.log_analyze = on")
+        c.execute("SET auto_explain.log_timing = off")
+        c.execute("SET auto_explain.log_buffers = on")
+        c.execute("SET auto_explain.log_nested_statements = on")
+        c.execute("SET client_min_messages = log")
+        c.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
+        for _ in range(3):
+            assert len(c.execute("SELECT id FROM pgqueue.claim(10, 'w', 60)").fetchall()) == 10
+    scans = [s for p in plans for s in _jobs_scans(p)]
+    assert scans, plans
+    assert not any("jobs_queued_priority_idx" in s[0] for s in scans), plans
+    for node, rows, loops, pages in scans:
+        assert "Seq Scan" not in node, plans
+        assert pages <= 4 * loops + 2 * rows + 4, (node, rows, loops, pages)
