@@ -263,3 +263,31 @@ def test_a_session_that_claimed_on_a_small_queue_fetches_heads_by_tenant(db_dsn,
     for node, rows, loops, pages in scans:
         assert "Seq Scan" not in node, plans
         assert pages <= 4 * loops + 2 * rows + 4, (node, rows, loops, pages)
+
+
+def test_the_claim_is_never_jit_compiled(db_dsn):
+    """drr_dispatch plans with enable_seqscan = off, which adds its penalty to the cost of the
+    statements that have no index to use; past jit_above_cost Postgres JIT-compiled the batch
+    write at every claim (~250 ms a claim). Revision 0011 turns JIT off for the claim."""
+    plans: list[str] = []
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        if not c.execute("SELECT pg_jit_available()").fetchone()[0]:
+            pytest.skip("this server has no JIT")
+        try:
+            c.execute("LOAD 'auto_explain'")
+        except psycopg.Error:
+            pytest.skip("auto_explain is not available on this server")
+        c.execute("SET jit_above_cost = 0")  # JIT whatever the cost, where it is allowed
+        c.execute("INSERT INTO pgqueue.tenants (tenant_id) VALUES ('t')")
+        c.execute(
+            "INSERT INTO pgqueue.jobs (tenant_id, origin, priority, payload)"
+            " SELECT 't', 'user_action', 'critical', '{}'::jsonb FROM generate_series(1, 20)"
+        )
+        c.execute("SET auto_explain.log_min_duration = 0")
+        c.execute("SET auto_explain.log_nested_statements = on")
+        c.execute("SET client_min_messages = log")
+        c.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
+        assert len(c.execute("SELECT id FROM pgqueue.claim(10, 'w', 60)").fetchall()) == 10
+    nested = [p for p in plans if "pgqueue.drr_dispatch" not in p and "pgqueue.claim" not in p]
+    assert nested, plans
+    assert not [p for p in nested if "JIT:" in p]
