@@ -82,14 +82,19 @@ class Completer:
         if self._flusher is not None:
             await self._flusher
 
-    async def record(self, job: Job, outcome: Outcome) -> str | None:
-        """Write ``outcome`` for ``job``; survives cancellation of the calling task."""
-        if (
+    def batches(self, job: Job, outcome: Outcome) -> bool:
+        """Whether :meth:`record` writes this outcome with the next batch (a success that
+        teaches the rate limiter nothing), rather than with a statement of its own."""
+        return (
             isinstance(outcome, Succeeded)
             and self._flusher is not None
             and not self._flusher.done()
             and self._limiter_statement(job, outcome) is None
-        ):
+        )
+
+    async def record(self, job: Job, outcome: Outcome) -> str | None:
+        """Write ``outcome`` for ``job``; survives cancellation of the calling task."""
+        if isinstance(outcome, Succeeded) and self.batches(job, outcome):
             future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
             self._pending.append((job, outcome, future))
             self._ready.set()

@@ -141,6 +141,8 @@ class Worker:
         self._stopping = False
         self._hard_stop = False
         self._inflight: dict[int, tuple[Job, asyncio.Task[None]]] = {}
+        # jobs whose handler is done and whose success waits for the completer's next flush
+        self._flushing: dict[int, tuple[Job, asyncio.Task[None]]] = {}
         self._lost: set[int] = set()
         self._blocked_seconds: float | None = None
         self._pool: AsyncConnectionPool[Any] | None = None
@@ -214,6 +216,8 @@ class Worker:
             await self._drain()
         finally:
             await self._completer.aclose()
+            if self._flushing:  # their successes are written: let them count their outcomes
+                await asyncio.wait([task for _job, task in self._flushing.values()])
             self._stop.set()
             for task in background:
                 task.cancel()
@@ -303,11 +307,21 @@ class Worker:
     async def _run_job(self, job: Job) -> None:
         assert self._completer is not None
         outcome: Outcome
+        released = False
         try:
             try:
                 outcome = await execute(job, self.registry, self.settings, self._rng)
             except asyncio.CancelledError:
                 outcome = Interrupted()
+            if len(self._flushing) < self.concurrency and self._completer.batches(job, outcome):
+                # Write-behind: the handler is done, so its slot frees now and the next claim
+                # overlaps the flush that records this success. The lease stays held (the
+                # heartbeat covers flushing jobs); at most `concurrency` wait like this.
+                task = asyncio.current_task()
+                assert task is not None
+                self._flushing[job.id] = (job, task)
+                self._release(job)
+                released = True
             try:
                 state = await self._completer.record(job, outcome)
             except Exception:
@@ -316,10 +330,16 @@ class Worker:
             self.stats.outcomes[state or "lease_lost"] += 1
             _count_outcome(outcome, state)
         finally:
-            self._inflight.pop(job.id, None)
+            self._flushing.pop(job.id, None)
             self._lost.discard(job.id)
-            metrics.SLOTS_IN_USE.set(len(self._inflight))
-            self._wake.set()
+            if not released:
+                self._release(job)
+
+    def _release(self, job: Job) -> None:
+        """Free the job's slot and wake the producer."""
+        self._inflight.pop(job.id, None)
+        metrics.SLOTS_IN_USE.set(len(self._inflight))
+        self._wake.set()
 
     async def _drain(self) -> None:
         tasks = [task for _job, task in self._inflight.values()]
@@ -338,7 +358,8 @@ class Worker:
         assert self._pool is not None
         while True:
             await asyncio.sleep(self.settings.heartbeat_seconds)
-            jobs = [job for job, _task in self._inflight.values()]
+            held_jobs = [*self._inflight.values(), *self._flushing.values()]
+            jobs = [job for job, _task in held_jobs]
             if not jobs:
                 continue
             params = {
@@ -355,7 +376,8 @@ class Worker:
                 continue
             held = {r["id"] for r in rows}
             for job in jobs:
-                if job.id not in held and job.id in self._inflight and job.id not in self._lost:
+                running = job.id in self._inflight or job.id in self._flushing
+                if job.id not in held and running and job.id not in self._lost:
                     self._lost.add(job.id)
                     self.stats.lost_leases += 1
                     log.warning("job %s: lease lost; its outcome will be dropped", job.id)

@@ -1,0 +1,52 @@
+"""Write-behind completion: a job's slot frees when its handler returns, before the batch that
+records its success is written; every success is still recorded and counted, and the lease
+stays held (heartbeat) until it is."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgqueue
+from pgqueue import JobSpec
+from pgqueue.settings import Settings
+from pgqueue.worker.completer import Completer
+from pgqueue.worker.runtime import Worker
+
+
+@pytest.mark.timeout(120)
+async def test_slots_free_before_the_flush_and_every_success_is_recorded(
+    db_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with psycopg.connect(db_dsn) as conn:
+        pgqueue.enqueue_many(
+            conn,
+            [JobSpec(f"t{i % 3}", "scheduled", {"n": i}, kind="pgqueue.noop") for i in range(60)],
+        )
+        conn.commit()
+    worker = Worker(db_dsn, Settings(poll_interval_seconds=0.1), concurrency=4, burst=True)
+    most_flushing = 0
+    claimed_during_flush = 0
+    real_flush = Completer._flush
+
+    async def slow_flush(self: Completer, batch: list[Any]) -> None:
+        # a slow database commit: the worker keeps claiming meanwhile
+        nonlocal most_flushing, claimed_during_flush
+        before = worker.stats.claimed
+        most_flushing = max(most_flushing, len(worker._flushing))
+        await asyncio.sleep(0.05)
+        claimed_during_flush += worker.stats.claimed - before
+        await real_flush(self, batch)
+
+    monkeypatch.setattr(Completer, "_flush", slow_flush)
+    stats = await worker.run(install_signal_handlers=False)
+
+    assert stats.outcomes["succeeded"] == 60
+    assert claimed_during_flush > 0  # claims overlapped the flushes
+    assert 0 < most_flushing <= 4  # never more than `concurrency` successes wait to be written
+    with psycopg.connect(db_dsn) as conn:
+        states = dict(conn.execute("SELECT state::text, count(*) FROM pgqueue.jobs GROUP BY 1"))
+    assert states == {"succeeded": 60}
