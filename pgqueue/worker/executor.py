@@ -8,8 +8,10 @@ Cancellation propagates to the runtime, which records Interrupted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import random
+import weakref
 from typing import Any
 
 from pgqueue.errors import Defer, Discard, InvalidKind, RateLimited, RetryLater
@@ -24,9 +26,21 @@ UNHANDLED_KIND_DELAY_SECONDS = 60.0
 
 
 def _is_async_callable(fn: object) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+    try:
+        return _ASYNC_CALLABLE[fn]
+    except (KeyError, TypeError):  # not seen yet, or unhashable
+        pass
+    found = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004 - instances with an async __call__
     )
+    with contextlib.suppress(TypeError):
+        _ASYNC_CALLABLE[fn] = found
+    return found
+
+
+#: Handlers already inspected (the check cost a noticeable part of a no-op job); weak keys, so a
+#: registry's handlers are not kept alive by it.
+_ASYNC_CALLABLE: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
 async def _call(handler: Handler, job: Job) -> Any:

@@ -282,6 +282,7 @@ class Worker:
         metrics.CLAIMS.inc()
         self._blocked_seconds = None
         claimed = 0
+        by_tier: Counter[str] = Counter()
         for row in rows:
             if row["id"] is None:  # the provider's limits stopped the batch
                 self._blocked_seconds = float(row["blocked_seconds"])
@@ -289,9 +290,11 @@ class Worker:
                 continue
             claimed += 1
             job = _job_from_row(row)
-            metrics.JOBS_CLAIMED.labels(job.priority.value).inc()
+            by_tier[job.priority.value] += 1
             task = asyncio.create_task(self._run_job(job), name=f"pgqueue-job-{job.id}")
             self._inflight[job.id] = (job, task)
+        for tier, count in by_tier.items():
+            metrics.JOBS_CLAIMED.labels(tier).inc(count)
         self.stats.claimed += claimed
         metrics.SLOTS_IN_USE.set(len(self._inflight))
         return claimed

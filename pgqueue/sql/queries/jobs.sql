@@ -27,7 +27,8 @@ WHERE id = %(id)s AND tenant_id = %(tenant_id)s
 
 -- name: job_complete_many :many
 -- Fenced, batched: the successes of many jobs in one statement; returns the ids recorded
--- (a missing id lost its lease and its outcome is dropped).
+-- (a missing id lost its lease and its outcome is dropped). The arrays are sent in binary:
+-- dumping them as text escaped every element, a large part of the worker's time per job.
 UPDATE pgqueue.jobs j
 SET state = 'succeeded',
     finished_at = now(),
@@ -36,8 +37,8 @@ SET state = 'succeeded',
     output_tokens = u.output_tokens,
     last_error = NULL,
     lease_expires_at = NULL
-FROM unnest(%(ids)s::bigint[], %(tenant_ids)s::text[], %(lease_tokens)s::uuid[],
-            %(results)s::jsonb[], %(input_tokens)s::integer[], %(output_tokens)s::integer[])
+FROM unnest(%(ids)b::bigint[], %(tenant_ids)b::text[], %(lease_tokens)b::uuid[],
+            %(results)b::jsonb[], %(input_tokens)b::integer[], %(output_tokens)b::integer[])
      AS u(id, tenant_id, lease_token, result, input_tokens, output_tokens)
 WHERE j.id = u.id AND j.tenant_id = u.tenant_id
   AND j.state = 'running' AND j.lease_token = u.lease_token
