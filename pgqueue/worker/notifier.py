@@ -16,7 +16,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponen
 
 log = logging.getLogger("pgqueue.worker")
 
-#: The channel the ``jobs_notify_insert`` trigger notifies.
+#: The channel the ``jobs_after_insert`` trigger notifies.
 CHANNEL = "pgqueue_jobs"
 #: ``application_name`` of the LISTEN connection (find it in ``pg_stat_activity``).
 APPLICATION_NAME = "pgqueue-listen"

@@ -291,3 +291,27 @@ def test_the_claim_is_never_jit_compiled(db_dsn):
     nested = [p for p in plans if "pgqueue.drr_dispatch" not in p and "pgqueue.claim" not in p]
     assert nested, plans
     assert not [p for p in nested if "JIT:" in p]
+
+
+def test_a_claim_charges_no_usage_and_writes_counters_once(db_dsn):
+    """Revision 0012: a claim's batch write fires one statement trigger, which updates the
+    queued counters and, with no success among the rows, never touches the usage table (the
+    separate usage trigger joined the transition tables on every claim)."""
+    plans: list[str] = []
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        try:
+            c.execute("LOAD 'auto_explain'")
+        except psycopg.Error:
+            pytest.skip("auto_explain is not available on this server")
+        c.execute("INSERT INTO pgqueue.tenants (tenant_id) VALUES ('t')")
+        c.execute(
+            "INSERT INTO pgqueue.jobs (tenant_id, origin, priority, payload)"
+            " SELECT 't', 'user_action', 'critical', '{}'::jsonb FROM generate_series(1, 20)"
+        )
+        c.execute("SET auto_explain.log_min_duration = 0")
+        c.execute("SET auto_explain.log_nested_statements = on")
+        c.execute("SET client_min_messages = log")
+        c.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
+        assert len(c.execute("SELECT id FROM pgqueue.claim(10, 'w', 60)").fetchall()) == 10
+    assert not [p for p in plans if "usage_daily" in p], plans
+    assert len([p for p in plans if "SELECT pgqueue.queue_counts_add(" in p]) == 1, plans
