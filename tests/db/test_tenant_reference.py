@@ -1,0 +1,70 @@
+"""Revision 0013: the jobs-to-tenants reference without a per-row foreign key check. A job
+names a registered tenant, whatever path wrote it; a tenant with jobs cannot be deleted or
+renamed; and a tenant being used by an uncommitted insert cannot be deleted under it."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+INSERT = (
+    "INSERT INTO pgqueue.jobs (tenant_id, origin, priority, payload)"
+    " SELECT t, 'user_action', 'critical', '{}'::jsonb FROM unnest(%s::text[]) AS t"
+)
+
+
+def test_direct_inserts_of_unknown_tenants_fail_and_write_nothing(db_dsn: str) -> None:
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("INSERT INTO pgqueue.tenants (tenant_id) VALUES ('a'), ('b')")
+        c.execute(INSERT, (["a", "b", "a"],))
+        with pytest.raises(psycopg.errors.ForeignKeyViolation, match="unknown tenant 'ghost'"):
+            c.execute(INSERT, (["a", "ghost", "b"] * 400,))
+        with pytest.raises(psycopg.errors.ForeignKeyViolation, match="'ghost'"):
+            c.execute(INSERT, (["ghost"],))
+        assert c.execute("SELECT count(*) FROM pgqueue.jobs").fetchone() == (3,)
+        assert c.execute("SELECT sum(queued) FROM pgqueue.queue_counts").fetchone() == (6,)
+        with pytest.raises(psycopg.errors.ForeignKeyViolation, match="'ghost'"):
+            c.execute("UPDATE pgqueue.jobs SET tenant_id = 'ghost' WHERE tenant_id = 'a'")
+        c.execute("UPDATE pgqueue.jobs SET tenant_id = 'b' WHERE tenant_id = 'a'")  # known: fine
+
+
+def test_a_tenant_with_jobs_cannot_be_deleted_or_renamed(db_dsn: str) -> None:
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("INSERT INTO pgqueue.tenants (tenant_id) VALUES ('a'), ('idle')")
+        c.execute(INSERT, (["a"],))
+        with pytest.raises(psycopg.errors.ForeignKeyViolation, match="still has jobs"):
+            c.execute("DELETE FROM pgqueue.tenants WHERE tenant_id = 'a'")
+        with pytest.raises(psycopg.errors.ForeignKeyViolation, match="still has jobs"):
+            c.execute("UPDATE pgqueue.tenants SET tenant_id = 'a2' WHERE tenant_id = 'a'")
+        c.execute("UPDATE pgqueue.tenants SET plan = 'pro' WHERE tenant_id = 'a'")
+        c.execute("DELETE FROM pgqueue.tenants WHERE tenant_id = 'idle'")
+        assert c.execute("SELECT tenant_id FROM pgqueue.tenants").fetchall() == [("a",)]
+
+
+@pytest.mark.timeout(60)
+def test_a_delete_waits_for_an_uncommitted_insert_then_fails(db_dsn: str) -> None:
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("INSERT INTO pgqueue.tenants (tenant_id) VALUES ('a')")
+    outcome: list[BaseException | None] = []
+    with psycopg.connect(db_dsn) as producer:
+        producer.execute(INSERT, (["a"],))  # holds tenant 'a' FOR KEY SHARE until commit
+
+        def delete() -> None:
+            try:
+                with psycopg.connect(db_dsn, autocommit=True) as d:
+                    d.execute("DELETE FROM pgqueue.tenants WHERE tenant_id = 'a'")
+                outcome.append(None)
+            except psycopg.Error as exc:
+                outcome.append(exc)
+
+        deleter = threading.Thread(target=delete)
+        deleter.start()
+        deleter.join(timeout=1.0)
+        assert deleter.is_alive()  # blocked on the producer's lock, not racing past it
+        producer.commit()
+        deleter.join(timeout=30)
+    assert len(outcome) == 1 and isinstance(outcome[0], psycopg.errors.ForeignKeyViolation)
+    with psycopg.connect(db_dsn) as c:
+        assert c.execute("SELECT count(*) FROM pgqueue.jobs").fetchone() == (1,)
