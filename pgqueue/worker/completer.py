@@ -50,6 +50,35 @@ def transient_retry(give_up_after_seconds: float = 30.0) -> AsyncRetrying:
     )
 
 
+async def run_named(
+    pool: AsyncConnectionPool[Any], name: str, params: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Run the named ``:many`` query on a pooled connection; on a transient error, run it
+    again under :func:`transient_retry`. The first try skips building tenacity's retry
+    state, a measurable part of a claim or a flush of no-op jobs.
+
+    Raises:
+        psycopg.Error: a non-transient error, or a transient one that outlived the retries.
+    """
+    try:
+        async with pool.connection() as conn:
+            return await _many(conn, name, params)
+    except TRANSIENT_ERRORS:
+        pass
+    async for attempt in transient_retry():
+        with attempt:
+            async with pool.connection() as conn:
+                return await _many(conn, name, params)
+    raise AssertionError("unreachable: transient_retry re-raises the last error")
+
+
+async def _many(
+    conn: psycopg.AsyncConnection[Any], name: str, params: dict[str, Any]
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = await queries.arun(conn, name, params)
+    return rows
+
+
 class Completer:
     """Records each job's outcome with one guarded statement, batching successes.
 
@@ -122,10 +151,7 @@ class Completer:
             "output_tokens": [o.output_tokens for _j, o, _f in batch],
         }
         try:
-            async for attempt in transient_retry():
-                with attempt:
-                    async with self._pool.connection() as conn:
-                        rows = await queries.arun(conn, "job_complete_many", params)
+            rows = await run_named(self._pool, "job_complete_many", params)
         except Exception as exc:
             for _job, _o, future in batch:
                 if not future.done():

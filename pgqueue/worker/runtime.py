@@ -33,7 +33,7 @@ from pgqueue.handlers.registry import NOOP_KIND, Registry, noop
 from pgqueue.models import Deferred, Failed, Interrupted, Job, Outcome, Throttled, Tier
 from pgqueue.observability import metrics
 from pgqueue.settings import Settings
-from pgqueue.worker.completer import Completer, transient_retry
+from pgqueue.worker.completer import Completer, run_named, transient_retry
 from pgqueue.worker.executor import execute
 from pgqueue.worker.notifier import Notifier
 
@@ -274,10 +274,7 @@ class Worker:
             "lease_seconds": self.settings.lease_seconds,
         }
         started = time.perf_counter()
-        async for attempt in transient_retry():
-            with attempt:
-                async with self._pool.connection() as conn:
-                    rows = await queries.arun(conn, "job_claim", params)
+        rows = await run_named(self._pool, "job_claim", params)
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
         metrics.CLAIMS.inc()
         self._blocked_seconds = None
