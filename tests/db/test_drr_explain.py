@@ -265,19 +265,17 @@ def test_a_session_that_claimed_on_a_small_queue_fetches_heads_by_tenant(db_dsn,
         assert pages <= 4 * loops + 2 * rows + 4, (node, rows, loops, pages)
 
 
-def test_the_claim_is_never_jit_compiled(db_dsn):
-    """drr_dispatch plans with enable_seqscan = off, which adds its penalty to the cost of the
-    statements that have no index to use; past jit_above_cost Postgres JIT-compiled the batch
-    write at every claim (~250 ms a claim). Revision 0011 turns JIT off for the claim."""
+def _plans_of_one_claim(dsn: str, *settings: str) -> list[str]:
+    """Nested plans (auto_explain) of one claim of 10 from a queue of 20 jobs of one tenant,
+    in a session with ``settings`` applied first."""
     plans: list[str] = []
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        if not c.execute("SELECT pg_jit_available()").fetchone()[0]:
-            pytest.skip("this server has no JIT")
+    with psycopg.connect(dsn, autocommit=True) as c:
         try:
             c.execute("LOAD 'auto_explain'")
         except psycopg.Error:
             pytest.skip("auto_explain is not available on this server")
-        c.execute("SET jit_above_cost = 0")  # JIT whatever the cost, where it is allowed
+        for setting in settings:
+            c.execute(f"SET {setting}")
         c.execute("INSERT INTO pgqueue.tenants (tenant_id) VALUES ('t')")
         c.execute(
             "INSERT INTO pgqueue.jobs (tenant_id, origin, priority, payload)"
@@ -288,6 +286,18 @@ def test_the_claim_is_never_jit_compiled(db_dsn):
         c.execute("SET client_min_messages = log")
         c.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
         assert len(c.execute("SELECT id FROM pgqueue.claim(10, 'w', 60)").fetchall()) == 10
+    return plans
+
+
+def test_the_claim_is_never_jit_compiled(db_dsn):
+    """drr_dispatch plans with enable_seqscan = off, which adds its penalty to the cost of the
+    statements that have no index to use; past jit_above_cost Postgres JIT-compiled the batch
+    write at every claim (~250 ms a claim). Revision 0011 turns JIT off for the claim."""
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        if not c.execute("SELECT pg_jit_available()").fetchone()[0]:
+            pytest.skip("this server has no JIT")
+    # JIT whatever the cost, wherever it is allowed
+    plans = _plans_of_one_claim(db_dsn, "jit_above_cost = 0")
     nested = [p for p in plans if "pgqueue.drr_dispatch" not in p and "pgqueue.claim" not in p]
     assert nested, plans
     assert not [p for p in nested if "JIT:" in p]
@@ -297,21 +307,6 @@ def test_a_claim_charges_no_usage_and_writes_counters_once(db_dsn):
     """Revision 0012: a claim's batch write fires one statement trigger, which updates the
     queued counters and, with no success among the rows, never touches the usage table (the
     separate usage trigger joined the transition tables on every claim)."""
-    plans: list[str] = []
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        try:
-            c.execute("LOAD 'auto_explain'")
-        except psycopg.Error:
-            pytest.skip("auto_explain is not available on this server")
-        c.execute("INSERT INTO pgqueue.tenants (tenant_id) VALUES ('t')")
-        c.execute(
-            "INSERT INTO pgqueue.jobs (tenant_id, origin, priority, payload)"
-            " SELECT 't', 'user_action', 'critical', '{}'::jsonb FROM generate_series(1, 20)"
-        )
-        c.execute("SET auto_explain.log_min_duration = 0")
-        c.execute("SET auto_explain.log_nested_statements = on")
-        c.execute("SET client_min_messages = log")
-        c.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
-        assert len(c.execute("SELECT id FROM pgqueue.claim(10, 'w', 60)").fetchall()) == 10
+    plans = _plans_of_one_claim(db_dsn)
     assert not [p for p in plans if "usage_daily" in p], plans
     assert len([p for p in plans if "SELECT pgqueue.queue_counts_add(" in p]) == 1, plans
