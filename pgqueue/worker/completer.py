@@ -29,6 +29,9 @@ from pgqueue.settings import Settings
 
 log = logging.getLogger("pgqueue.worker")
 
+#: The longest error text recorded for a job.
+_MAX_ERROR_CHARS = 2000
+
 #: Errors worth retrying on the claim and completion paths.
 TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     psycopg.OperationalError,
@@ -152,10 +155,21 @@ class Completer:
         }
         try:
             rows = await run_named(self._pool, "job_complete_many", params)
-        except Exception as exc:
+        except TRANSIENT_ERRORS as exc:  # still failing after the retries: the rescuer will
             for _job, _o, future in batch:
                 if not future.done():
                     future.set_exception(exc)
+            return
+        except Exception as exc:
+            # One job's result can make the whole statement fail (a NUL character, a value
+            # json cannot encode): record the jobs one by one, so that only that job fails.
+            log.warning(
+                "batched completion of %d job(s) failed (%s); recording them one by one",
+                len(batch),
+                exc,
+            )
+            for job, outcome, future in batch:
+                await self._record_alone(job, outcome, future)
             return
         recorded = {row["id"] for row in rows}
         for job, _o, future in batch:
@@ -165,6 +179,29 @@ class Completer:
                 )
             if not future.done():
                 future.set_result("succeeded" if job.id in recorded else None)
+
+    async def _record_alone(
+        self, job: Job, outcome: Succeeded, future: asyncio.Future[str | None]
+    ) -> None:
+        """Record one success of a failed batch; a success that cannot be stored is recorded
+        as a permanent failure naming the reason, so the job is not run again."""
+        try:
+            state = await self._record(job, outcome)
+        except TRANSIENT_ERRORS as exc:
+            if not future.done():
+                future.set_exception(exc)
+            return
+        except Exception as exc:
+            log.error("job %s: its result could not be stored (%s); job failed", job.id, exc)
+            reason = f"the handler's result could not be stored: {exc}"[:_MAX_ERROR_CHARS]
+            try:
+                state = await self._record(job, Failed(reason, 0.0, permanent=True))
+            except Exception as again:
+                if not future.done():
+                    future.set_exception(again)
+                return
+        if not future.done():
+            future.set_result(state)
 
     async def _record(self, job: Job, outcome: Outcome) -> str | None:
         name, params, success_state = self._statement(job, outcome)

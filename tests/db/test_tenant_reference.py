@@ -68,3 +68,35 @@ def test_a_delete_waits_for_an_uncommitted_insert_then_fails(db_dsn: str) -> Non
     assert len(outcome) == 1 and isinstance(outcome[0], psycopg.errors.ForeignKeyViolation)
     with psycopg.connect(db_dsn) as c:
         assert c.execute("SELECT count(*) FROM pgqueue.jobs").fetchone() == (1,)
+
+
+def test_tenants_are_deleted_in_read_committed_only(db_dsn: str) -> None:
+    """The check reads the transaction's snapshot: in REPEATABLE READ a delete could miss a job
+    committed after it (the foreign key read the newest rows), and left orphan jobs."""
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("INSERT INTO pgqueue.tenants (tenant_id) VALUES ('x'), ('idle')")
+    with psycopg.connect(db_dsn) as deleter:
+        deleter.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        deleter.execute("SELECT 1")  # the snapshot is taken
+        with psycopg.connect(db_dsn, autocommit=True) as producer:
+            producer.execute(INSERT, (["x"],))
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match="READ COMMITTED"):
+            deleter.execute("DELETE FROM pgqueue.tenants WHERE tenant_id = 'x'")
+        deleter.rollback()
+        deleter.execute("DELETE FROM pgqueue.tenants WHERE tenant_id = 'idle'")  # RC: fine
+        deleter.commit()
+    with psycopg.connect(db_dsn) as c:
+        assert c.execute("SELECT count(*) FROM pgqueue.jobs WHERE tenant_id = 'x'").fetchone()
+        assert c.execute("SELECT tenant_id FROM pgqueue.tenants").fetchall() == [("x",)]
+
+
+def test_truncating_tenants_alone_keeps_no_orphans(db_dsn: str) -> None:
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("INSERT INTO pgqueue.tenants (tenant_id) VALUES ('a')")
+        c.execute(INSERT, (["a"],))
+        # CASCADE follows the foreign keys that remain (demotions, throttle events, usage);
+        # pgqueue.jobs has none any more, so it was kept, orphaned: now refused
+        with pytest.raises(psycopg.errors.ForeignKeyViolation, match="truncate it"):
+            c.execute("TRUNCATE pgqueue.tenants CASCADE")
+        c.execute("TRUNCATE pgqueue.jobs, pgqueue.tenants CASCADE")
+        assert c.execute("SELECT count(*) FROM pgqueue.tenants").fetchone() == (0,)

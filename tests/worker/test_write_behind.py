@@ -50,3 +50,45 @@ async def test_slots_free_before_the_flush_and_every_success_is_recorded(
     with psycopg.connect(db_dsn) as conn:
         states = dict(conn.execute("SELECT state::text, count(*) FROM pgqueue.jobs GROUP BY 1"))
     assert states == {"succeeded": 60}
+
+
+@pytest.mark.timeout(120)
+async def test_a_result_that_cannot_be_stored_fails_its_job_alone(db_dsn: str) -> None:
+    """A handler result Postgres cannot store (a NUL character) made the whole batched
+    completion fail: the other jobs of the batch stayed running, were rescued and ran again.
+    Now the batch is recorded job by job and only that job fails, for good."""
+    from pgqueue.handlers.registry import Registry
+    from pgqueue.models import Job
+
+    registry = Registry()
+    runs: dict[int, int] = {}
+
+    @registry.handler("test.echo")
+    async def echo(job: Job) -> dict[str, Any]:
+        runs[job.id] = runs.get(job.id, 0) + 1
+        if job.payload.get("bad"):
+            return {"text": "a\x00b"}
+        if job.payload.get("unencodable"):
+            return {"when": object()}
+        return {"n": job.payload["n"]}
+
+    with psycopg.connect(db_dsn) as conn:
+        specs = [JobSpec("t", "scheduled", {"n": i}, kind="test.echo") for i in range(30)]
+        specs[7] = JobSpec("t", "scheduled", {"n": 7, "bad": True}, kind="test.echo")
+        specs[19] = JobSpec("t", "scheduled", {"n": 19, "unencodable": True}, kind="test.echo")
+        pgqueue.enqueue_many(conn, specs)
+        conn.commit()
+    worker = Worker(
+        db_dsn, Settings(poll_interval_seconds=0.1), registry, concurrency=10, burst=True
+    )
+    stats = await worker.run(install_signal_handlers=False)
+
+    assert stats.outcomes["succeeded"] == 28 and stats.outcomes["failed"] == 2
+    assert set(runs.values()) == {1}  # nothing ran twice
+    with psycopg.connect(db_dsn) as conn:
+        rows = conn.execute(
+            "SELECT payload ->> 'n', state::text, last_error FROM pgqueue.jobs"
+            " WHERE state <> 'succeeded' ORDER BY id"
+        ).fetchall()
+    assert [(n, state) for n, state, _e in rows] == [("7", "failed"), ("19", "failed")]
+    assert all("could not be stored" in error for _n, _s, error in rows)

@@ -60,6 +60,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.execute("DROP TRIGGER tenants_truncate_guard ON pgqueue.tenants")
+    op.execute("DROP FUNCTION pgqueue.tenants_truncate_guard()")
     op.execute("DROP TRIGGER jobs_tenant_known ON pgqueue.jobs")
     op.execute("DROP FUNCTION pgqueue.jobs_tenant_known()")
     op.execute("DROP TRIGGER tenants_keep_referenced ON pgqueue.tenants")
