@@ -259,6 +259,8 @@ class Worker:
                     and not self._inflight
                     and (due is None or due > self.settings.burst_horizon_seconds)
                 ):
+                    if await self._rescue_once():
+                        continue  # expired leases went back to the queue: run them first
                     log.info("burst: nothing left to run; exiting")
                     return
                 if due is not None:
@@ -383,24 +385,30 @@ class Worker:
                     log.warning("job %s: lease lost; its outcome will be dropped", job.id)
 
     async def _rescue_loop(self) -> None:
-        assert self._pool is not None
         while True:
-            try:
-                async with self._pool.connection() as conn:
-                    rows = await queries.arun(
-                        conn, "job_rescue", {"limit": 1000, "lock_key": RESCUE_LOCK_KEY}
-                    )
-            except psycopg.Error as exc:
-                log.warning("rescue failed (%s); will retry", exc)
-                rows = []
+            await self._rescue_once()
             if self.settings.retention_seconds is not None:
                 await self._prune(self.settings.retention_seconds)
-            if rows:
-                self.stats.rescued += len(rows)
-                metrics.RESCUED.inc(len(rows))
-                log.warning("rescued %d job(s) whose lease expired", len(rows))
-                self.wake()
             await asyncio.sleep(self.settings.rescue_interval_seconds * self._rng.uniform(0.8, 1.2))
+
+    async def _rescue_once(self) -> int:
+        """Requeue (or fail) jobs whose lease expired; returns how many, 0 on a database error.
+        A burst worker also runs it before exiting, so that it does not leave rescued work."""
+        assert self._pool is not None
+        try:
+            async with self._pool.connection() as conn:
+                rows = await queries.arun(
+                    conn, "job_rescue", {"limit": 1000, "lock_key": RESCUE_LOCK_KEY}
+                )
+        except psycopg.Error as exc:
+            log.warning("rescue failed (%s); will retry", exc)
+            return 0
+        if rows:
+            self.stats.rescued += len(rows)
+            metrics.RESCUED.inc(len(rows))
+            log.warning("rescued %d job(s) whose lease expired", len(rows))
+            self.wake()
+        return sum(1 for row in rows if row["state"] == "queued")
 
     async def _prune(self, older_than_seconds: float) -> None:
         """Retention, in the maintenance loop: one batch per round, one pruner at a time."""
