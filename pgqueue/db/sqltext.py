@@ -3,8 +3,10 @@ function from the revision that defined it instead of a copy of its text."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
+from types import ModuleType
 
 _END = "\n$$;\n"
 
@@ -23,3 +25,18 @@ def function_definition(sql_file: Path, name: str) -> str:
         raise ValueError(f"{sql_file.name} defines pgqueue.{name} {len(starts)} times, not once")
     statement = text[starts[0] : text.index(_END, starts[0]) + len(_END)]
     return re.sub(r"^CREATE (?:OR REPLACE )?FUNCTION", "CREATE OR REPLACE FUNCTION", statement)
+
+
+def revision_module(path: Path) -> ModuleType:
+    """The alembic revision file at ``path``, imported (its name starts with a digit, so it
+    cannot be imported by name), so that a later revision reuses how it builds a statement.
+
+    Raises:
+        RuntimeError: the file cannot be loaded.
+    """
+    spec = importlib.util.spec_from_file_location(f"pgqueue_revision_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -4,6 +4,7 @@ pgqueue.jobs), captured with auto_explain on the real claim; and the migration g
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import psycopg
 import pytest
@@ -14,18 +15,32 @@ QUEUED = 120_000
 TENANTS = 1_000
 
 
+def _load_auto_explain(c: psycopg.Connection[Any]) -> None:
+    """LOAD auto_explain in this session, or skip the test."""
+    try:
+        c.execute("LOAD 'auto_explain'")
+    except psycopg.Error:
+        pytest.skip("auto_explain is not available on this server")
+
+
+def _log_plans(c: psycopg.Connection[Any], plans: list[str], *settings: str) -> None:
+    """From now on, append the plan of every statement (nested ones too) to ``plans``."""
+    for setting in (
+        "auto_explain.log_min_duration = 0",
+        *settings,
+        "auto_explain.log_nested_statements = on",
+        "client_min_messages = log",
+    ):
+        c.execute(f"SET {setting}")
+    c.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
+
+
 def claim_plans(dsn: str, limit: int = 10) -> list[str]:
     """Plans of every statement pgqueue.claim runs (auto_explain, nested statements)."""
     plans: list[str] = []
     with psycopg.connect(dsn, autocommit=True) as c:
-        try:
-            c.execute("LOAD 'auto_explain'")
-        except psycopg.Error:
-            pytest.skip("auto_explain is not available on this server")
-        c.execute("SET auto_explain.log_min_duration = 0")
-        c.execute("SET auto_explain.log_nested_statements = on")
-        c.execute("SET client_min_messages = log")
-        c.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
+        _load_auto_explain(c)
+        _log_plans(c, plans)
         rows = c.execute("SELECT id FROM pgqueue.claim(%s, 'explain', 60)", (limit,)).fetchall()
         assert len(rows) == limit
     return plans
@@ -138,10 +153,7 @@ def test_claim_path_does_not_read_finished_jobs(conn, db_dsn):
     conn.execute("VACUUM ANALYZE pgqueue.jobs")
     plans: list[str] = []
     with psycopg.connect(db_dsn, autocommit=True) as c:
-        try:
-            c.execute("LOAD 'auto_explain'")
-        except psycopg.Error:
-            pytest.skip("auto_explain is not available on this server")
+        _load_auto_explain(c)
         for _ in range(2):  # the first claim folds the 300 new (tenant, tier) pairs in
             queries.run(c, "job_claim", {"limit": 10, "worker_id": "w", "lease_seconds": 60})
         for setting in (
@@ -186,10 +198,7 @@ def test_a_session_that_claimed_on_an_empty_queue_still_claims_by_index(db_dsn):
     plans that statement at each call."""
     plans: list[str] = []
     with psycopg.connect(db_dsn, autocommit=True) as c:
-        try:
-            c.execute("LOAD 'auto_explain'")
-        except psycopg.Error:
-            pytest.skip("auto_explain is not available on this server")
+        _load_auto_explain(c)
         for _ in range(8):  # the worker idles on an empty queue: plans are made and kept
             assert c.execute("SELECT id FROM pgqueue.claim(10, 'w', 60)").fetchall() == []
         with psycopg.connect(db_dsn, autocommit=True) as producer:
@@ -202,10 +211,7 @@ def test_a_session_that_claimed_on_an_empty_queue_still_claims_by_index(db_dsn):
                 " SELECT 't' || (g % 10), 'user_action', 'critical', '{}'::jsonb"
                 " FROM generate_series(1, 5000) g"
             )
-        c.execute("SET auto_explain.log_min_duration = 0")
-        c.execute("SET auto_explain.log_nested_statements = on")
-        c.execute("SET client_min_messages = log")
-        c.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
+        _log_plans(c, plans)
         for _ in range(2):
             assert len(c.execute("SELECT id FROM pgqueue.claim(10, 'w', 60)").fetchall()) == 10
     batch_writes = [p for p in plans if "took AS" in p and "Update on jobs" in p]
@@ -224,10 +230,7 @@ def test_a_session_that_claimed_on_a_small_queue_fetches_heads_by_tenant(db_dsn,
     and drops the tier index, so the fetch reads about the rows it takes."""
     plans: list[str] = []
     with psycopg.connect(db_dsn, autocommit=True) as c:
-        try:
-            c.execute("LOAD 'auto_explain'")
-        except psycopg.Error:
-            pytest.skip("auto_explain is not available on this server")
+        _load_auto_explain(c)
         c.execute(
             "INSERT INTO pgqueue.tenants (tenant_id) SELECT 't' || g FROM generate_series(0, 9) g"
         )
@@ -248,13 +251,13 @@ def test_a_session_that_claimed_on_a_small_queue_fetches_heads_by_tenant(db_dsn,
         )
         for _ in range(2):  # the first claim after the fill plans what the worker keeps
             assert len(c.execute("SELECT id FROM pgqueue.claim(10, 'w', 60)").fetchall()) == 10
-        c.execute("SET auto_explain.log_min_duration = 0")
-        c.execute("SET auto_explain.log_analyze = on")
-        c.execute("SET auto_explain.log_timing = off")
-        c.execute("SET auto_explain.log_buffers = on")
-        c.execute("SET auto_explain.log_nested_statements = on")
-        c.execute("SET client_min_messages = log")
-        c.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
+        _log_plans(
+            c,
+            plans,
+            "auto_explain.log_analyze = on",
+            "auto_explain.log_timing = off",
+            "auto_explain.log_buffers = on",
+        )
         for _ in range(3):
             assert len(c.execute("SELECT id FROM pgqueue.claim(10, 'w', 60)").fetchall()) == 10
     scans = [s for p in plans for s in _jobs_scans(p)]
@@ -270,10 +273,7 @@ def _plans_of_one_claim(dsn: str, *settings: str) -> list[str]:
     in a session with ``settings`` applied first."""
     plans: list[str] = []
     with psycopg.connect(dsn, autocommit=True) as c:
-        try:
-            c.execute("LOAD 'auto_explain'")
-        except psycopg.Error:
-            pytest.skip("auto_explain is not available on this server")
+        _load_auto_explain(c)
         for setting in settings:
             c.execute(f"SET {setting}")
         c.execute("INSERT INTO pgqueue.tenants (tenant_id) VALUES ('t')")
@@ -281,10 +281,7 @@ def _plans_of_one_claim(dsn: str, *settings: str) -> list[str]:
             "INSERT INTO pgqueue.jobs (tenant_id, origin, priority, payload)"
             " SELECT 't', 'user_action', 'critical', '{}'::jsonb FROM generate_series(1, 20)"
         )
-        c.execute("SET auto_explain.log_min_duration = 0")
-        c.execute("SET auto_explain.log_nested_statements = on")
-        c.execute("SET client_min_messages = log")
-        c.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
+        _log_plans(c, plans)
         assert len(c.execute("SELECT id FROM pgqueue.claim(10, 'w', 60)").fetchall()) == 10
     return plans
 

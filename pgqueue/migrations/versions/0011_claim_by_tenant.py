@@ -31,13 +31,12 @@ Revises: 0010
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 from alembic import op
 
-from pgqueue.db.sqltext import function_definition
+from pgqueue.db.sqltext import function_definition, revision_module
 
 revision = "0011"
 down_revision = "0010"
@@ -54,13 +53,7 @@ _BY_INDEX_KEY = "ORDER BY j.tenant_id, j.priority, j.run_at, j.id"
 
 
 def _revision_0010() -> ModuleType:
-    path = Path(__file__).with_name("0010_claim_plan.py")
-    spec = importlib.util.spec_from_file_location("pgqueue_revision_0010", path)
-    if spec is None or spec.loader is None:
-        raise RuntimeError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return revision_module(Path(__file__).with_name("0010_claim_plan.py"))
 
 
 def _previous() -> str:

@@ -17,13 +17,12 @@ Revises: 0013
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 from alembic import op
 
-from pgqueue.db.sqltext import function_definition
+from pgqueue.db.sqltext import function_definition, revision_module
 
 revision = "0014"
 down_revision = "0013"
@@ -90,13 +89,7 @@ _AFTER_RECHECK_RESET = (
 
 
 def _revision_0011() -> ModuleType:
-    path = Path(__file__).with_name("0011_claim_by_tenant.py")
-    spec = importlib.util.spec_from_file_location("pgqueue_revision_0011", path)
-    if spec is None or spec.loader is None:
-        raise RuntimeError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return revision_module(Path(__file__).with_name("0011_claim_by_tenant.py"))
 
 
 def _previous() -> str:
