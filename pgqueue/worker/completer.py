@@ -63,23 +63,19 @@ async def run_named(
     Raises:
         psycopg.Error: a non-transient error, or a transient one that outlived the retries.
     """
+    rows: list[dict[str, Any]]
     try:
         async with pool.connection() as conn:
-            return await _many(conn, name, params)
+            rows = await queries.arun(conn, name, params)
+        return rows
     except TRANSIENT_ERRORS:
         pass
     async for attempt in transient_retry():
         with attempt:
             async with pool.connection() as conn:
-                return await _many(conn, name, params)
+                rows = await queries.arun(conn, name, params)
+            return rows
     raise AssertionError("unreachable: transient_retry re-raises the last error")
-
-
-async def _many(
-    conn: psycopg.AsyncConnection[Any], name: str, params: dict[str, Any]
-) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = await queries.arun(conn, name, params)
-    return rows
 
 
 class Completer:

@@ -392,8 +392,9 @@ class Worker:
             await asyncio.sleep(self.settings.rescue_interval_seconds * self._rng.uniform(0.8, 1.2))
 
     async def _rescue_once(self) -> int:
-        """Requeue (or fail) jobs whose lease expired; returns how many, 0 on a database error.
-        A burst worker also runs it before exiting, so that it does not leave rescued work."""
+        """Requeue (or fail) jobs whose lease expired; returns how many went back to the queue
+        (0 on a database error). A burst worker also runs it before exiting, so that it does not
+        leave rescued work behind."""
         assert self._pool is not None
         try:
             async with self._pool.connection() as conn:

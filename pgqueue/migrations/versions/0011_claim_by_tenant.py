@@ -70,11 +70,19 @@ def _by_tenant(body: str) -> str:
     return body.replace(_BY_RUN_AT, _BY_INDEX_KEY)
 
 
+#: The function's settings, applied after every CREATE OR REPLACE (which drops them).
+SETTINGS = (_KEEP_GENERIC, _NO_SEQSCAN, _NO_JIT)
+
+
+def created() -> str:
+    """``drr_dispatch`` as this revision creates it (revision 0014 edits it further)."""
+    return _by_tenant(function_definition(_DRR_SQL, "drr_dispatch"))
+
+
 def upgrade() -> None:
-    op.execute(_by_tenant(function_definition(_DRR_SQL, "drr_dispatch")))
-    op.execute(_KEEP_GENERIC)
-    op.execute(_NO_SEQSCAN)
-    op.execute(_NO_JIT)
+    op.execute(created())
+    for statement in SETTINGS:
+        op.execute(statement)
     op.execute("DROP INDEX pgqueue.jobs_queued_priority_idx")
 
 

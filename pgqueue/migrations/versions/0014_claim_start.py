@@ -22,14 +22,12 @@ from types import ModuleType
 
 from alembic import op
 
-from pgqueue.db.sqltext import function_definition, revision_module
+from pgqueue.db.sqltext import revision_module
 
 revision = "0014"
 down_revision = "0013"
 branch_labels = None
 depends_on = None
-
-_DRR_SQL = Path(__file__).with_name("0002_drr.sql")
 
 _DECLARE = "    absorb boolean[] := '{f,f,f}';\n"
 _DECLARE_FILLED = (
@@ -92,17 +90,6 @@ def _revision_0011() -> ModuleType:
     return revision_module(Path(__file__).with_name("0011_claim_by_tenant.py"))
 
 
-def _previous() -> str:
-    """``drr_dispatch`` as revision 0011 creates it."""
-    text: str = _revision_0011()._by_tenant(function_definition(_DRR_SQL, "drr_dispatch"))
-    return text
-
-
-def _settings() -> list[str]:
-    r0011 = _revision_0011()
-    return [r0011._KEEP_GENERIC, r0011._NO_SEQSCAN, r0011._NO_JIT]
-
-
 def _one_statement_start(body: str) -> str:
     for anchor in (_DECLARE, _START, _RECHECK, _AFTER_RECHECK):
         if body.count(anchor) != 1:
@@ -114,12 +101,14 @@ def _one_statement_start(body: str) -> str:
 
 
 def upgrade() -> None:
-    op.execute(_one_statement_start(_previous()))
-    for statement in _settings():  # CREATE OR REPLACE dropped the function's settings
+    r0011 = _revision_0011()
+    op.execute(_one_statement_start(r0011.created()))
+    for statement in r0011.SETTINGS:  # CREATE OR REPLACE dropped the function's settings
         op.execute(statement)
 
 
 def downgrade() -> None:
-    op.execute(_previous())
-    for statement in _settings():
+    r0011 = _revision_0011()
+    op.execute(r0011.created())
+    for statement in r0011.SETTINGS:
         op.execute(statement)
