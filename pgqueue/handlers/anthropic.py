@@ -6,20 +6,25 @@ job, through ``run_at``) and a timeout shorter than the lease, stores the messag
 ``retry-after`` hint), 408/409/5xx/connection errors → :class:`RetryLater`, other 4xx →
 :class:`Discard`. The API key comes from ``PGQUEUE_ANTHROPIC_API_KEY_FILE`` or
 ``ANTHROPIC_API_KEY`` and is never logged or stored.
+
+The SDK is imported on first use, not with this module: importing it costs about 1.7 s of CPU
+(pydantic builds its models), which every ``pgqueue work`` process paid at start even when it
+never runs an ``anthropic.messages`` job.
 """
 
 from __future__ import annotations
 
 import os
 from datetime import UTC, datetime
-from typing import Any
-
-import anthropic
+from typing import TYPE_CHECKING, Any
 
 from pgqueue.errors import Defer, Discard, RateLimited, RetryLater
 from pgqueue.models import HandlerResult, Job
 from pgqueue.scheduling.backpressure import parse_retry_after
 from pgqueue.settings import Settings
+
+if TYPE_CHECKING:
+    import anthropic
 
 KIND = "anthropic.messages"
 
@@ -59,6 +64,8 @@ class AnthropicMessagesHandler:
             return False
 
     def _get_client(self) -> anthropic.AsyncAnthropic:
+        import anthropic
+
         if self._client is None:
             key = _api_key(self._settings)
             if not key:
@@ -86,6 +93,8 @@ class AnthropicMessagesHandler:
             RetryLater: 408, 409, 5xx, timeouts and connection errors.
             Discard: any other 4xx, or parameters the SDK rejects.
         """
+        import anthropic
+
         if job.payload.get("stream"):
             raise Discard("streaming payloads are not supported by the queue handler")
         client = self._get_client()

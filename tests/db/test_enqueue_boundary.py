@@ -1,0 +1,78 @@
+"""Revision 0015: what the SQL entry points refuse, and how they name it."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from pgqueue.db import migrate
+
+PAYLOAD = {
+    "model": "claude-haiku-4-5",
+    "max_tokens": 8,
+    "messages": [{"role": "user", "content": "hi"}],
+}
+
+
+@pytest.mark.parametrize("when", ["infinity", "-infinity"])
+def test_sql_enqueue_refuses_an_infinite_run_at_and_keeps_what_is_stored(
+    db_dsn: str, when: str
+) -> None:
+    """Found in review: `run_at => 'infinity'` stored a job that could never be due."""
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("SELECT pgqueue.enqueue('t1', 'user_action', %s)", (Jsonb(PAYLOAD),))
+        with pytest.raises(psycopg.errors.CheckViolation, match="jobs_run_at_finite"):
+            c.execute(
+                "SELECT pgqueue.enqueue('t1', 'user_action', %s, run_at => %s::timestamptz)",
+                (Jsonb(PAYLOAD), when),
+            )
+        with pytest.raises(psycopg.errors.CheckViolation, match="jobs_run_at_finite"):
+            c.execute("UPDATE pgqueue.jobs SET run_at = %s::timestamptz", (when,))
+        rows = c.execute("SELECT count(*), bool_and(isfinite(run_at)) FROM pgqueue.jobs")
+        assert rows.fetchone() == (1, True)
+        assert c.execute("SELECT sum(queued) FROM pgqueue.queue_counts").fetchone() == (2,)
+
+
+def test_sql_batch_errors_name_the_bad_job(db_dsn: str) -> None:
+    """Found in review: a SQL batch error did not say which of its jobs was bad."""
+    good = Jsonb(PAYLOAD)
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        with pytest.raises(psycopg.Error) as single:
+            c.execute("SELECT pgqueue.enqueue('t1', 'nope', %s)", (good,))
+        with pytest.raises(psycopg.Error) as caught:
+            c.execute(
+                "SELECT pgqueue.enqueue_many(%s, %s, %s)",
+                (["t1", "t1", "t1"], ["user_action", "user_action", "nope"], [good] * 3),
+            )
+        assert str(caught.value.diag.message_primary).startswith("job #3 of the batch: ")
+        assert "unknown origin 'nope'" in str(caught.value)
+        assert caught.value.sqlstate == single.value.sqlstate
+        with pytest.raises(psycopg.Error) as empty:
+            c.execute(
+                "SELECT pgqueue.enqueue_many(%s, %s, %s)",
+                (["t1", ""], ["user_action", "user_action"], [good] * 2),
+            )
+        assert empty.value.sqlstate == "PQ006"  # the job's own SQLSTATE is kept
+        assert str(empty.value.diag.message_primary).startswith("job #2 of the batch: tenant_id")
+        assert c.execute("SELECT count(*) FROM pgqueue.jobs").fetchone() == (0,)
+
+
+def test_revision_0015_downgrades_and_upgrades(empty_db_dsn: str) -> None:
+    migrate.upgrade(empty_db_dsn)
+    migrate.downgrade(empty_db_dsn, "0014")
+    with psycopg.connect(empty_db_dsn, autocommit=True) as c:
+        check = c.execute(
+            "SELECT count(*) FROM pg_constraint WHERE conname = 'jobs_run_at_finite'"
+        ).fetchone()
+        assert check == (0,)
+        body = c.execute(
+            "SELECT prosrc FROM pg_proc WHERE proname = 'try_enqueue_batch'"
+        ).fetchone()
+        assert body is not None and "of the batch" not in body[0]
+    migrate.upgrade(empty_db_dsn)
+    with psycopg.connect(empty_db_dsn, autocommit=True) as c:
+        check = c.execute(
+            "SELECT convalidated FROM pg_constraint WHERE conname = 'jobs_run_at_finite'"
+        ).fetchone()
+        assert check == (True,)

@@ -1,0 +1,27 @@
+"""What a worker process pays before its first claim."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_worker_start_does_not_import_the_sdk() -> None:
+    """The Anthropic SDK costs ~1.7 s of CPU to import; the worker takes it on first use only.
+
+    Importing it eagerly made every ``pgqueue work`` start take ~2.3 s, including workers that
+    never run an ``anthropic.messages`` job.
+    """
+    code = (
+        "import sys\n"
+        "import pgqueue.cli\n"
+        "import pgqueue.worker.runtime\n"
+        "from pgqueue.worker.runtime import builtin_registry\n"
+        "from pgqueue.settings import Settings\n"
+        "builtin_registry(Settings())\n"
+        "print('anthropic' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "False"
