@@ -63,6 +63,14 @@ class Settings(BaseSettings):
         gt=0,
         description="How often a worker folds the queued counters' delta rows; None: never.",
     )
+    hot_tables_vacuum_interval_seconds: float | None = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "How often one worker vacuums the scheduler's small, hot tables (DRR inbox, "
+            "deficits, counters); None: leave them to autovacuum."
+        ),
+    )
     burst_horizon_seconds: float = Field(
         default=60.0,
         ge=0,

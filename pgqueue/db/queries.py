@@ -121,12 +121,20 @@ def run(conn: psycopg.Connection[Any], name: str, params: Mapping[str, Any] | No
 
 
 async def arun(
-    conn: psycopg.AsyncConnection[Any], name: str, params: Mapping[str, Any] | None = None
+    conn: psycopg.AsyncConnection[Any],
+    name: str,
+    params: Mapping[str, Any] | None = None,
+    *,
+    prepare: bool | None = None,
 ) -> Any:
-    """Execute the named query on an async connection; results as in :func:`run`."""
+    """Execute the named query on an async connection; results as in :func:`run`.
+
+    ``prepare=False`` for a statement the server cannot prepare (``VACUUM``); None lets
+    psycopg prepare a statement once it has run a few times.
+    """
     q = query(name)
     async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(q.sql.encode(), params or None)
+        await cur.execute(q.sql.encode(), params or None, prepare=prepare)
         if q.cardinality == "one":
             return await cur.fetchone()
         if q.cardinality == "many":

@@ -41,6 +41,8 @@ log = logging.getLogger("pgqueue.worker")
 
 #: Advisory-lock key that makes one worker at a time the rescuer ("pgqueue" + "rescue").
 RESCUE_LOCK_KEY = 0x7067_7175_6575_5253
+#: Advisory-lock key of the worker that vacuums the hot tables ("pgqueue" + "VA").
+VACUUM_LOCK_KEY = 0x7067_7175_6575_5641
 
 
 def builtin_registry(settings: Settings) -> Registry:
@@ -208,6 +210,8 @@ class Worker:
             background.append(
                 asyncio.create_task(self._compact_loop(), name="pgqueue-counters-compactor")
             )
+        if self.settings.hot_tables_vacuum_interval_seconds is not None:
+            background.append(asyncio.create_task(self._vacuum_loop(), name="pgqueue-vacuum"))
         if self.listen:
             notifier = Notifier(self.dsn, self.wake)
             background.append(asyncio.create_task(notifier.run(self._stop), name="pgqueue-listen"))
@@ -442,6 +446,37 @@ class Worker:
                     await queries.arun(conn, "queue_counts_compact", {"max_rows": 10000})
             except psycopg.Error as exc:
                 log.warning("counter compaction failed (%s); will retry", exc)
+
+    async def _vacuum_loop(self) -> None:
+        interval = self.settings.hot_tables_vacuum_interval_seconds
+        assert interval is not None
+        while True:
+            await asyncio.sleep(interval * self._rng.uniform(0.8, 1.2))
+            await self.vacuum_hot_tables()
+
+    async def vacuum_hot_tables(self) -> bool:
+        """``VACUUM`` the scheduler's small, hot tables (DRR inbox, deficits, tier state,
+        counters, rate limits), if no other worker is doing it; returns whether this one did.
+
+        Every claim reads these tables whole or by index, and their dead rows would otherwise
+        accumulate for up to ``autovacuum_naptime`` (see ``sql/queries/maintenance.sql``).
+        Database errors are logged, not raised: the next round tries again.
+        """
+        assert self._pool is not None
+        params = {"lock_key": VACUUM_LOCK_KEY}
+        try:
+            async with self._pool.connection() as conn:
+                row = await queries.arun(conn, "hot_tables_vacuum_lock", params)
+                if row is None or not row["leader"]:
+                    return False
+                try:
+                    await queries.arun(conn, "hot_tables_vacuum", prepare=False)
+                finally:
+                    await queries.arun(conn, "hot_tables_vacuum_unlock", params)
+        except psycopg.Error as exc:
+            log.warning("vacuum of the hot tables failed (%s); will retry", exc)
+            return False
+        return True
 
     async def _close_handlers(self) -> None:
         for kind in self.registry:
