@@ -20,7 +20,9 @@ class Settings(BaseSettings):
     and the heartbeat interval (a job must never outlive its lease while still running).
     """
 
-    model_config = SettingsConfigDict(env_prefix="PGQUEUE_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="PGQUEUE_", frozen=True, extra="ignore", env_parse_none_str="none"
+    )
 
     dsn: str | None = Field(
         default=None, description="libpq DSN or URL; unset means the embedded Postgres."

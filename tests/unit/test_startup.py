@@ -5,6 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+from pgqueue.settings import Settings
+
 
 def test_worker_start_does_not_import_the_sdk() -> None:
     """The Anthropic SDK costs ~1.7 s of CPU to import; the worker takes it on first use only.
@@ -25,3 +29,14 @@ def test_worker_start_does_not_import_the_sdk() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "False"
+
+
+def test_an_optional_interval_is_switched_off_by_none_in_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """docs/operations.md tells a role that cannot VACUUM to set the interval to ``none``."""
+    monkeypatch.setenv("PGQUEUE_HOT_TABLES_VACUUM_INTERVAL_SECONDS", "none")
+    monkeypatch.setenv("PGQUEUE_COUNTERS_COMPACT_INTERVAL_SECONDS", "2.5")
+    settings = Settings()
+    assert settings.hot_tables_vacuum_interval_seconds is None
+    assert settings.counters_compact_interval_seconds == 2.5
