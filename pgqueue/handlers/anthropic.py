@@ -7,9 +7,11 @@ job, through ``run_at``) and a timeout shorter than the lease, stores the messag
 :class:`Discard`. The API key comes from ``PGQUEUE_ANTHROPIC_API_KEY_FILE`` or
 ``ANTHROPIC_API_KEY`` and is never logged or stored.
 
-The SDK is imported on first use, not with this module: importing it costs about 1.7 s of CPU
-(pydantic builds its models), which every ``pgqueue work`` process paid at start even when it
-never runs an ``anthropic.messages`` job.
+The SDK is not imported with this module: importing it costs about 1.7 s of CPU (pydantic
+builds its models), which every ``pgqueue work`` process paid at start even when it could not
+run an ``anthropic.messages`` job. A worker with an API key loads it before its first claim
+(:meth:`AnthropicMessagesHandler.load_sdk`), so that a request the rate limiter admitted is
+not held back by the import; the others never load it.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ class AnthropicMessagesHandler:
             return bool(_api_key(self._settings))
         except OSError:
             return False
+
+    def load_sdk(self) -> None:
+        """Import the Anthropic SDK now (~1.7 s of CPU), not at the first job."""
+        import anthropic  # noqa: F401
 
     def _get_client(self) -> anthropic.AsyncAnthropic:
         import anthropic

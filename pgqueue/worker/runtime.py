@@ -182,14 +182,17 @@ class Worker:
         """Work until stopped (or, in burst mode, until nothing is left); returns the stats."""
         await asyncio.to_thread(self._check_schema)
         anthropic_handler = self.registry.get(ANTHROPIC_KIND)
-        if isinstance(anthropic_handler, AnthropicMessagesHandler) and not (
-            anthropic_handler.has_api_key()
-        ):
-            log.warning(
-                "no Anthropic API key (ANTHROPIC_API_KEY or PGQUEUE_ANTHROPIC_API_KEY_FILE): "
-                "%s jobs claimed by this worker go back to the queue unrun",
-                ANTHROPIC_KIND,
-            )
+        if isinstance(anthropic_handler, AnthropicMessagesHandler):
+            if anthropic_handler.has_api_key():
+                # Before the first claim: the rate limiter admits a request when it is claimed,
+                # and a first job that waited for the import would reach the provider late.
+                await asyncio.to_thread(anthropic_handler.load_sdk)
+            else:
+                log.warning(
+                    "no Anthropic API key (ANTHROPIC_API_KEY or PGQUEUE_ANTHROPIC_API_KEY_FILE): "
+                    "%s jobs claimed by this worker go back to the queue unrun",
+                    ANTHROPIC_KIND,
+                )
         loop = asyncio.get_running_loop()
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -40,3 +41,38 @@ def test_an_optional_interval_is_switched_off_by_none_in_the_environment(
     settings = Settings()
     assert settings.hot_tables_vacuum_interval_seconds is None
     assert settings.counters_compact_interval_seconds == 2.5
+
+
+_PROBE = """
+import asyncio, sys
+from pgqueue.settings import Settings
+from pgqueue.worker.runtime import Worker
+
+seen = []
+worker = Worker(sys.argv[1], Settings(), burst=True, listen=False)
+real_claim = worker._claim
+
+async def claim(limit):
+    seen.append("anthropic" in sys.modules)
+    return await real_claim(limit)
+
+worker._claim = claim
+asyncio.run(worker.run(install_signal_handlers=False))
+print(seen[0], "anthropic" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(("key", "expected"), [("sandbox-key", "True True"), ("", "False False")])
+def test_a_worker_with_an_api_key_loads_the_sdk_before_its_first_claim(
+    db_dsn: str, key: str, expected: str
+) -> None:
+    """Found by the suite under load: with the SDK imported at the first job, a request the
+    rate limiter had admitted at claim time waited ~2 s for the import, reached the provider
+    late and out of order, and drew 429s. A worker without a key never imports it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "PGQUEUE_"))}
+    if key:
+        env["ANTHROPIC_API_KEY"] = key
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, db_dsn], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    assert out.strip() == expected
