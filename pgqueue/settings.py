@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -20,9 +20,7 @@ class Settings(BaseSettings):
     and the heartbeat interval (a job must never outlive its lease while still running).
     """
 
-    model_config = SettingsConfigDict(
-        env_prefix="PGQUEUE_", frozen=True, extra="ignore", env_parse_none_str="none"
-    )
+    model_config = SettingsConfigDict(env_prefix="PGQUEUE_", frozen=True, extra="ignore")
 
     dsn: str | None = Field(
         default=None, description="libpq DSN or URL; unset means the embedded Postgres."
@@ -97,6 +95,23 @@ class Settings(BaseSettings):
         default=None, description="A file holding the API key; else ANTHROPIC_API_KEY is used."
     )
     anthropic_api_key: SecretStr | None = Field(default=None, exclude=True, repr=False)
+
+    @field_validator(
+        "retention_seconds",
+        "counters_compact_interval_seconds",
+        "hot_tables_vacuum_interval_seconds",
+        mode="before",
+    )
+    @classmethod
+    def _none_switches_off(cls, value: object) -> object:
+        """``none`` (any case, e.g. ``PGQUEUE_RETENTION_SECONDS=none``) switches the task off.
+
+        Only these optional intervals take it: elsewhere None means a default (``dsn``: the
+        embedded server), which a typo must not select.
+        """
+        if isinstance(value, str) and value.strip().lower() == "none":
+            return None
+        return value
 
     @model_validator(mode="after")
     def _lease_outlives_work(self) -> Settings:

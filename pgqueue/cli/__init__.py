@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import psycopg
+import sqlalchemy.exc
 import typer
 from rich.console import Console
 
@@ -98,6 +99,11 @@ def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
             raise typer.Exit(2) from None
         except psycopg.Error as exc:
             _say("database error", exc.diag.message_primary or str(exc))
+            raise typer.Exit(1) from None
+        except sqlalchemy.exc.DBAPIError as exc:  # a migration's statement failed (alembic)
+            orig = exc.orig
+            message = orig.diag.message_primary if isinstance(orig, psycopg.Error) else None
+            _say("database error", message or str(orig or exc).strip().splitlines()[0])
             raise typer.Exit(1) from None
         except OSError as exc:
             _say(type(exc).__name__, str(exc))

@@ -15,22 +15,25 @@ PAYLOAD = {
 }
 
 
-@pytest.mark.parametrize("when", ["infinity", "-infinity"])
-def test_sql_enqueue_refuses_an_infinite_run_at_and_keeps_what_is_stored(
+@pytest.mark.parametrize(
+    "when", ["infinity", "-infinity", "294276-12-31 23:59:59+00", "4000-01-01 BC", "10000-01-01"]
+)
+def test_sql_enqueue_refuses_a_run_at_python_cannot_hold_and_keeps_what_is_stored(
     db_dsn: str, when: str
 ) -> None:
-    """Found in review: `run_at => 'infinity'` stored a job that could never be due."""
+    """Found in review: `run_at => 'infinity'` stored a job that could never be due; a tester
+    then stored one in the year 294276, which psycopg could not read back."""
     with psycopg.connect(db_dsn, autocommit=True) as c:
         c.execute("SELECT pgqueue.enqueue('t1', 'user_action', %s)", (Jsonb(PAYLOAD),))
-        with pytest.raises(psycopg.errors.CheckViolation, match="jobs_run_at_finite"):
+        with pytest.raises(psycopg.errors.CheckViolation, match="jobs_run_at_range"):
             c.execute(
                 "SELECT pgqueue.enqueue('t1', 'user_action', %s, run_at => %s::timestamptz)",
                 (Jsonb(PAYLOAD), when),
             )
-        with pytest.raises(psycopg.errors.CheckViolation, match="jobs_run_at_finite"):
+        with pytest.raises(psycopg.errors.CheckViolation, match="jobs_run_at_range"):
             c.execute("UPDATE pgqueue.jobs SET run_at = %s::timestamptz", (when,))
-        rows = c.execute("SELECT count(*), bool_and(isfinite(run_at)) FROM pgqueue.jobs")
-        assert rows.fetchone() == (1, True)
+        assert c.execute("SELECT count(*) FROM pgqueue.jobs").fetchone() == (1,)
+        c.execute("SELECT run_at FROM pgqueue.jobs").fetchall()  # readable by Python
         assert c.execute("SELECT sum(queued) FROM pgqueue.queue_counts").fetchone() == (2,)
 
 
@@ -45,7 +48,9 @@ def test_sql_batch_errors_name_the_bad_job(db_dsn: str) -> None:
                 "SELECT pgqueue.enqueue_many(%s, %s, %s)",
                 (["t1", "t1", "t1"], ["user_action", "user_action", "nope"], [good] * 3),
             )
-        assert str(caught.value.diag.message_primary).startswith("job #3 of the batch: ")
+        assert str(caught.value.diag.message_primary).startswith(
+            "job #3 of the batch (counting from 1): "
+        )
         assert "unknown origin 'nope'" in str(caught.value)
         assert caught.value.sqlstate == single.value.sqlstate
         with pytest.raises(psycopg.Error) as empty:
@@ -54,16 +59,38 @@ def test_sql_batch_errors_name_the_bad_job(db_dsn: str) -> None:
                 (["t1", ""], ["user_action", "user_action"], [good] * 2),
             )
         assert empty.value.sqlstate == "PQ006"  # the job's own SQLSTATE is kept
-        assert str(empty.value.diag.message_primary).startswith("job #2 of the batch: tenant_id")
+        assert str(empty.value.diag.message_primary).startswith(
+            "job #2 of the batch (counting from 1): tenant_id"
+        )
         assert c.execute("SELECT count(*) FROM pgqueue.jobs").fetchone() == (0,)
 
 
-def test_revision_0015_downgrades_and_upgrades(empty_db_dsn: str) -> None:
+def test_revision_0015_repairs_stored_rows_then_downgrades_and_upgrades(
+    empty_db_dsn: str,
+) -> None:
+    """Found by a tester: with a stored infinite `run_at`, the upgrade's validation failed,
+    and no worker could start (schema behind) until someone fixed the rows by hand."""
+    migrate.upgrade(empty_db_dsn, "0014")
+    with psycopg.connect(empty_db_dsn, autocommit=True) as c:
+        for when in ("infinity", "-infinity", "294276-12-31 23:59:59+00"):
+            c.execute(
+                "SELECT pgqueue.enqueue('t1', 'user_action', %s, run_at => %s::timestamptz)",
+                (Jsonb(PAYLOAD), when),
+            )
+        c.execute("SELECT pgqueue.enqueue('t1', 'user_action', %s)", (Jsonb(PAYLOAD),))
     migrate.upgrade(empty_db_dsn)
+    with psycopg.connect(empty_db_dsn, autocommit=True) as c:
+        rows = c.execute(
+            "SELECT run_at <= now() AS due, extract(year FROM run_at)::int AS year"
+            " FROM pgqueue.jobs ORDER BY id"
+        ).fetchall()
+        assert [r[0] for r in rows] == [False, True, False, True]
+        assert rows[0][1] == rows[2][1] == 9999  # parked at the last day allowed
+        c.execute("SELECT run_at FROM pgqueue.jobs").fetchall()  # all readable by Python
     migrate.downgrade(empty_db_dsn, "0014")
     with psycopg.connect(empty_db_dsn, autocommit=True) as c:
         check = c.execute(
-            "SELECT count(*) FROM pg_constraint WHERE conname = 'jobs_run_at_finite'"
+            "SELECT count(*) FROM pg_constraint WHERE conname = 'jobs_run_at_range'"
         ).fetchone()
         assert check == (0,)
         body = c.execute(
@@ -73,6 +100,7 @@ def test_revision_0015_downgrades_and_upgrades(empty_db_dsn: str) -> None:
     migrate.upgrade(empty_db_dsn)
     with psycopg.connect(empty_db_dsn, autocommit=True) as c:
         check = c.execute(
-            "SELECT convalidated FROM pg_constraint WHERE conname = 'jobs_run_at_finite'"
+            "SELECT count(*) FROM pg_constraint WHERE conname = 'jobs_run_at_range'"
         ).fetchone()
-        assert check == (True,)
+        assert check == (1,)
+        c.execute("ALTER TABLE pgqueue.jobs VALIDATE CONSTRAINT jobs_run_at_range")  # as docs say

@@ -37,10 +37,22 @@ def test_an_optional_interval_is_switched_off_by_none_in_the_environment(
 ) -> None:
     """docs/operations.md tells a role that cannot VACUUM to set the interval to ``none``."""
     monkeypatch.setenv("PGQUEUE_HOT_TABLES_VACUUM_INTERVAL_SECONDS", "none")
+    monkeypatch.setenv("PGQUEUE_RETENTION_SECONDS", " None ")
     monkeypatch.setenv("PGQUEUE_COUNTERS_COMPACT_INTERVAL_SECONDS", "2.5")
     settings = Settings()
     assert settings.hot_tables_vacuum_interval_seconds is None
+    assert settings.retention_seconds is None
     assert settings.counters_compact_interval_seconds == 2.5
+
+
+def test_none_does_not_select_the_embedded_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a tester: with `none` parsed as None for every setting, `PGQUEUE_DSN=none`
+    silently selected the embedded Postgres (None's meaning there)."""
+    monkeypatch.setenv("PGQUEUE_DSN", "none")
+    monkeypatch.setenv("PGQUEUE_ANTHROPIC_BASE_URL", "none")
+    settings = Settings()
+    assert settings.dsn == "none"  # refused later as an invalid DSN, never taken as "unset"
+    assert settings.anthropic_base_url == "none"
 
 
 _PROBE = """

@@ -1,15 +1,22 @@
-"""Enqueue's boundary: a job's ``run_at`` must be a finite time, and a bad job of a SQL batch
-is named by its position.
+"""Enqueue's boundary: a job's ``run_at`` must be a time Postgres and Python can both hold, and
+a bad job of a SQL batch is named by its position.
 
-- ``pgqueue.enqueue(..., run_at => 'infinity')`` stored a job that could never be due (and
-  ``'-infinity'`` one that sorted before every other job of its tenant). Python cannot send
-  either (``datetime`` has no infinity), so only SQL callers could. A ``CHECK`` constraint
-  refuses both on every write path (SQL enqueue, admin updates), added ``NOT VALID`` and then
-  validated, so that the validating scan does not block writers.
+- ``pgqueue.enqueue(..., run_at => 'infinity')`` stored a job that could never be due,
+  ``'-infinity'`` one that sorted before every other job of its tenant, and a time past the
+  year 9999 one that psycopg cannot read back (Python's ``datetime`` ends there). Python
+  callers cannot send any of these; SQL callers could. The ``CHECK`` constraint
+  ``jobs_run_at_range`` (years 0001 to 9999, a day's margin for time zones) refuses them on
+  every write path (SQL enqueue, admin updates). Rows already stored out of that range are
+  repaired first: a past one (``-infinity``) becomes due now, a future one (``infinity``)
+  is parked at the last day allowed. The constraint is added ``NOT VALID``, without the
+  validating scan: alembic runs a revision in one transaction, so a ``VALIDATE`` would keep
+  ``pgqueue.jobs`` locked against every read and write for a whole scan of the table. New
+  writes are checked either way; ``ALTER TABLE pgqueue.jobs VALIDATE CONSTRAINT
+  jobs_run_at_range`` run on its own later does not block writers.
 - ``pgqueue.enqueue_many`` / ``try_enqueue_batch`` raised the first bad job's error without
-  saying which job it was; the message now starts ``job #<n> of the batch`` (``n`` counts from
-  1, as SQL array subscripts do); its SQLSTATE is kept. The Python client
-  validates a batch before sending it and names the job by its 0-based index itself.
+  saying which job it was; the message now starts ``job #<n> of the batch (counting from 1)``
+  (SQL array positions); its SQLSTATE is kept. The Python client validates a batch before
+  sending it and names a bad job by its 0-based index (``job <index>:``) itself.
 
 ``try_enqueue_batch`` is revision 0008's, edited here, not copied.
 
@@ -30,11 +37,17 @@ down_revision = "0014"
 branch_labels = None
 depends_on = None
 
-_ADD_CHECK = (
-    "ALTER TABLE pgqueue.jobs ADD CONSTRAINT jobs_run_at_finite CHECK (isfinite(run_at)) NOT VALID"
-)
-_VALIDATE = "ALTER TABLE pgqueue.jobs VALIDATE CONSTRAINT jobs_run_at_finite"
-_DROP_CHECK = "ALTER TABLE pgqueue.jobs DROP CONSTRAINT IF EXISTS jobs_run_at_finite"
+#: Years 0001 to 9999 with a day's margin for time zones (Python's datetime range).
+_REPAIR = """
+UPDATE pgqueue.jobs
+SET run_at = CASE WHEN run_at < now() THEN now() ELSE '9999-12-29 00:00:00+00'::timestamptz END
+WHERE NOT (run_at >= '0001-01-02 00:00:00+00' AND run_at < '9999-12-30 00:00:00+00')
+"""
+_ADD_CHECK = """
+ALTER TABLE pgqueue.jobs ADD CONSTRAINT jobs_run_at_range
+    CHECK (run_at >= '0001-01-02 00:00:00+00' AND run_at < '9999-12-30 00:00:00+00') NOT VALID
+"""
+_DROP_CHECK = "ALTER TABLE pgqueue.jobs DROP CONSTRAINT IF EXISTS jobs_run_at_range"
 _BATCH_SQL = Path(__file__).with_name("0008_fast_enqueue.sql")
 
 _DECLARE = "    fits boolean := true;\n"
@@ -50,7 +63,7 @@ _VALIDATE_ONE_NAMED = """            BEGIN  -- only on the error path: a valid b
             EXCEPTION WHEN OTHERS THEN
                 -- (validate_job's errors carry no detail or hint)
                 GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE, err_message = MESSAGE_TEXT;
-                RAISE EXCEPTION 'job #% of the batch: %', r.ord, err_message
+                RAISE EXCEPTION 'job #% of the batch (counting from 1): %', r.ord, err_message
                     USING ERRCODE = err_state;
             END;
 """
@@ -67,8 +80,8 @@ def _named_errors(body: str) -> str:
 
 
 def upgrade() -> None:
+    op.execute(_REPAIR)
     op.execute(_ADD_CHECK)
-    op.execute(_VALIDATE)
     op.execute(_named_errors(function_definition(_BATCH_SQL, "try_enqueue_batch")))
 
 
