@@ -41,8 +41,6 @@ log = logging.getLogger("pgqueue.worker")
 
 #: Advisory-lock key that makes one worker at a time the rescuer ("pgqueue" + "rescue").
 RESCUE_LOCK_KEY = 0x7067_7175_6575_5253
-#: Advisory-lock key of the worker that vacuums the hot tables ("pgqueue" + "VA").
-VACUUM_LOCK_KEY = 0x7067_7175_6575_5641
 
 
 def builtin_registry(settings: Settings) -> Registry:
@@ -455,31 +453,39 @@ class Worker:
         assert interval is not None
         while True:
             await asyncio.sleep(interval * self._rng.uniform(0.8, 1.2))
-            await self.vacuum_hot_tables()
+            if await self.vacuum_hot_tables(interval * 0.8) == "not allowed":
+                log.warning(
+                    "this role may not VACUUM pgqueue's hot tables (it needs to own them, or "
+                    "the MAINTAIN privilege on Postgres 17+, which `pgqueue grant` gives "
+                    "pgqueue_worker): leaving them to autovacuum; set "
+                    "PGQUEUE_HOT_TABLES_VACUUM_INTERVAL_SECONDS=none to silence this"
+                )
+                return
 
-    async def vacuum_hot_tables(self) -> bool:
+    async def vacuum_hot_tables(self, unless_done_within_seconds: float = 0.0) -> str:
         """``VACUUM`` the scheduler's small, hot tables (DRR inbox, deficits, tier state,
-        counters, rate limits), if no other worker is doing it; returns whether this one did.
+        counters, rate limits) unless someone did within ``unless_done_within_seconds``.
 
-        Every claim reads these tables whole or by index, and their dead rows would otherwise
+        Returns ``"vacuumed"``, ``"not due"``, ``"not allowed"`` (this role may not vacuum
+        them) or ``"failed"`` (a database error, logged; the next round tries again). Every
+        claim reads these tables whole or by index, and their dead rows would otherwise
         accumulate for up to ``autovacuum_naptime`` (see ``sql/queries/maintenance.sql``).
-        Database errors are logged, not raised: the next round tries again.
         """
         assert self._pool is not None
-        params = {"lock_key": VACUUM_LOCK_KEY}
         try:
             async with self._pool.connection() as conn:
-                row = await queries.arun(conn, "hot_tables_vacuum_lock", params)
-                if row is None or not row["leader"]:
-                    return False
-                try:
-                    await queries.arun(conn, "hot_tables_vacuum", prepare=False)
-                finally:
-                    await queries.arun(conn, "hot_tables_vacuum_unlock", params)
+                row = await queries.arun(
+                    conn, "hot_tables_vacuum_due", {"seconds": unless_done_within_seconds}
+                )
+                if row is None or not row["allowed"]:
+                    return "not allowed"
+                if not row["due"]:
+                    return "not due"
+                await queries.arun(conn, "hot_tables_vacuum", prepare=False)
         except psycopg.Error as exc:
             log.warning("vacuum of the hot tables failed (%s); will retry", exc)
-            return False
-        return True
+            return "failed"
+        return "vacuumed"
 
     async def _close_handlers(self) -> None:
         for kind in self.registry:

@@ -1,18 +1,29 @@
 -- Upkeep a worker does besides claiming: vacuum of the scheduler's small, hot tables.
 
--- name: hot_tables_vacuum_lock :one
--- One vacuuming worker at a time (session lock: VACUUM cannot run inside a transaction).
-SELECT pg_try_advisory_lock(%(lock_key)s) AS leader
+-- name: hot_tables_vacuum_due :one
+-- Whether the hot tables are due for a vacuum (nobody, autovacuum included, vacuumed the DRR
+-- inbox in the last %(seconds)s s), and whether this role may vacuum all of them (their owner,
+-- or, on Postgres 17 and newer, the MAINTAIN privilege `pgqueue grant` gives pgqueue_worker).
+-- The date of the last vacuum is what keeps a fleet of workers to about one vacuum per
+-- interval; no lock is held across statements, which PgBouncer's transaction mode could not
+-- keep on one server connection.
+SELECT coalesce(now() - greatest(s.last_vacuum, s.last_autovacuum)
+                    >= make_interval(secs => %(seconds)s), true) AS due,
+       (SELECT bool_and(pg_has_role(c.relowner, 'USAGE')
+                        OR CASE WHEN current_setting('server_version_num')::int >= 170000
+                                THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END)
+        FROM pg_class c
+        WHERE c.oid IN ('pgqueue.drr_inbox'::regclass, 'pgqueue.deficits'::regclass,
+                        'pgqueue.tier_state'::regclass, 'pgqueue.queue_counts'::regclass,
+                        'pgqueue.rate_limits'::regclass)) AS allowed
+FROM pg_stat_user_tables s
+WHERE s.relid = 'pgqueue.drr_inbox'::regclass
 
 -- name: hot_tables_vacuum :exec
 -- Every claim drains the DRR inbox by a full scan and rewrites deficits, tier state and
 -- counters rows: their dead rows pile up between autovacuum rounds (autovacuum_naptime, 1 min
 -- by default), and a claim reads them all. One measured minute of single enqueues at ~560/s
 -- left the inbox at 120 pages of dead rows, all scanned by every claim. SKIP_LOCKED: a table
--- another vacuum holds is skipped this round. Tables this role does not own are skipped with
--- a warning.
+-- another vacuum holds is skipped this round.
 VACUUM (SKIP_LOCKED) pgqueue.drr_inbox, pgqueue.deficits, pgqueue.tier_state,
     pgqueue.queue_counts, pgqueue.rate_limits
-
--- name: hot_tables_vacuum_unlock :one
-SELECT pg_advisory_unlock(%(lock_key)s) AS released
