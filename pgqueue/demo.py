@@ -35,7 +35,8 @@ class DemoOptions:
     """Size of the demo: ``requests`` from the trace (``trace``: a CSV path, None for the
     bundled one), replayed ``speedup`` × faster, with ``concurrency`` jobs in flight and the
     provider's limits (sandbox and shared limiter alike) at ``rate_scale`` × the defaults
-    50 RPM / 40k ITPM / 8k OTPM; each output token takes ``seconds_per_output_token``."""
+    50 RPM / 40k ITPM / 8k OTPM; each output token takes ``seconds_per_output_token``. The
+    demo works in the database ``database`` (dropped and recreated) on the given server."""
 
     requests: int = 400
     speedup: float = 10.0
@@ -46,6 +47,7 @@ class DemoOptions:
     seed: int = 0
     trace: Path | None = None
     model: str = "claude-haiku-4-5"
+    database: str = "pgqueue_demo"  # DEMO_DATABASE
 
 
 async def _run(dsn: str, settings: Settings, options: DemoOptions, since: datetime) -> ReplayStats:
@@ -77,8 +79,8 @@ async def _run(dsn: str, settings: Settings, options: DemoOptions, since: dateti
 DEMO_DATABASE = "pgqueue_demo"
 
 
-def demo_database(dsn: str) -> str:
-    """Drop and recreate :data:`DEMO_DATABASE` on the server of ``dsn``; return its DSN.
+def demo_database(dsn: str, database: str = DEMO_DATABASE) -> str:
+    """Drop and recreate ``database`` on the server of ``dsn``; return its DSN.
 
     The demo never touches the user's own queue. Raises ``psycopg.Error`` when the role may
     not create databases.
@@ -87,10 +89,10 @@ def demo_database(dsn: str) -> str:
     from psycopg.conninfo import make_conninfo
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        name = sql.Identifier(DEMO_DATABASE)
+        name = sql.Identifier(database)
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
         conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
-    return make_conninfo(dsn, dbname=DEMO_DATABASE)
+    return make_conninfo(dsn, dbname=database)
 
 
 def quota_use(
@@ -171,7 +173,7 @@ def run_demo(
             caller resolving the DSN.
     """
     opts = options or DemoOptions()
-    dsn = demo_database(server_dsn)
+    dsn = demo_database(server_dsn, opts.database)
     migrate.upgrade(dsn)
     scale = opts.rate_scale
     limits = (50 * scale, 40_000 * scale, 8_000 * scale)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import math
 import random
 import weakref
 from typing import Any
@@ -81,21 +82,25 @@ async def execute(job: Job, registry: Registry, settings: Settings, rng: random.
         async with asyncio.timeout(settings.provider_timeout_seconds):  # no extra task per job
             returned = await _call(handler, job)
     except RateLimited as exc:
+        hint = _handler_delay(exc.retry_after_seconds, None)
         wait = throttle_wait_seconds(
-            exc.retry_after_seconds,
+            hint,
             rng,
             multiplier=settings.retry_after_multiplier,
             jitter=settings.retry_after_jitter,
             default_seconds=settings.default_retry_after_seconds,
         )
-        return Throttled(
-            exc.reason[:_MAX_ERROR_CHARS], wait, exc.status_code, exc.retry_after_seconds
-        )
+        return Throttled(exc.reason[:_MAX_ERROR_CHARS], wait, exc.status_code, hint)
     except RetryLater as exc:
-        delay = exc.delay_seconds if exc.delay_seconds is not None else _backoff(job, settings, rng)
-        return Failed(exc.reason[:_MAX_ERROR_CHARS], max(delay, 0.0))
+        delay = _handler_delay(exc.delay_seconds, None)
+        return Failed(
+            exc.reason[:_MAX_ERROR_CHARS],
+            delay if delay is not None else _backoff(job, settings, rng),
+        )
     except Defer as exc:
-        return Deferred(exc.reason[:_MAX_ERROR_CHARS], max(exc.delay_seconds, 0.0))
+        deferred = _handler_delay(exc.delay_seconds, DEFAULT_DEFER_SECONDS)
+        assert deferred is not None
+        return Deferred(exc.reason[:_MAX_ERROR_CHARS], deferred)
     except Discard as exc:
         return Failed(exc.reason[:_MAX_ERROR_CHARS], 0.0, permanent=True)
     except TimeoutError:
@@ -107,6 +112,27 @@ async def execute(job: Job, registry: Registry, settings: Settings, rng: random.
             f"{type(exc).__name__}: {exc}"[:_MAX_ERROR_CHARS], _backoff(job, settings, rng)
         )
     return _to_success(returned)
+
+
+#: The longest delay a handler may ask for (90 days): a job's next ``run_at`` must stay a time
+#: Postgres and Python both hold (``jobs_run_at_range``) and that ``make_interval`` accepts.
+MAX_HANDLER_DELAY_SECONDS = 90 * 86_400.0
+#: What a ``Defer`` whose delay is not a number waits, seconds (``Defer``'s own default).
+DEFAULT_DEFER_SECONDS = 60.0
+
+
+def _handler_delay(value: object, fallback: float | None) -> float | None:
+    """A delay a handler gave (seconds), made safe to store: negative → 0, above
+    :data:`MAX_HANDLER_DELAY_SECONDS` → that; NaN, ±infinity, None or not a number →
+    ``fallback``. Found by a tester: ``RetryLater(delay_seconds=inf)`` made the outcome
+    unstorable (``make_interval`` refuses it) and the job sat ``running`` until its lease
+    expired; ``1e11`` stored a ``run_at`` in the year 5195."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return fallback
+    delay = float(value)
+    if not math.isfinite(delay):
+        return fallback
+    return min(max(delay, 0.0), MAX_HANDLER_DELAY_SECONDS)
 
 
 def _backoff(job: Job, settings: Settings, rng: random.Random) -> float:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import uuid
+
 import psycopg
 import pytest
+from psycopg import sql
 
 import pgqueue
 from pgqueue.demo import DemoOptions, run_demo
@@ -17,7 +20,17 @@ def test_demo_reports_and_leaves_the_users_queue_alone(db_dsn):
     with psycopg.connect(db_dsn) as conn:
         mine = pgqueue.enqueue(conn, tenant_id="me", origin="user_action", payload=payload)
         conn.commit()
-    report = run_demo(db_dsn, Settings(), DemoOptions(requests=40, speedup=200, concurrency=8))
+    # Its own database, not `pgqueue_demo`: found by a tester, two test runs (or a user's demo)
+    # on one server dropped each other's demo database mid-run (DROP ... WITH (FORCE)).
+    database = f"pgqueue_demo_test_{uuid.uuid4().hex[:10]}"
+    options = DemoOptions(requests=40, speedup=200, concurrency=8, database=database)
+    try:
+        report = run_demo(db_dsn, Settings(), options)
+    finally:
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
+            )
     with psycopg.connect(db_dsn) as conn:
         state = conn.execute(
             "SELECT state::text FROM pgqueue.jobs WHERE id = %s", (mine,)

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from pgqueue import Registry
-from pgqueue.errors import Discard, RateLimited, RetryLater
+from pgqueue.errors import Defer, Discard, RateLimited, RetryLater
 from pgqueue.models import Deferred, Failed, HandlerResult, Job, Succeeded, Throttled, Tier
 from pgqueue.settings import Settings
 from pgqueue.worker.executor import execute
@@ -115,3 +115,38 @@ def test_settings_refuse_a_timeout_that_outlives_the_lease():
         Settings(lease_seconds=30, provider_timeout_seconds=30)
     with pytest.raises(ValueError, match="heartbeat"):
         Settings(lease_seconds=30, provider_timeout_seconds=10, heartbeat_seconds=30)
+
+
+@pytest.mark.parametrize(
+    ("raised", "check"),
+    [
+        (RetryLater("x", delay_seconds=float("inf")), lambda o: 0 < o.retry_in_seconds < 1e6),
+        (RetryLater("x", delay_seconds=float("nan")), lambda o: 0 < o.retry_in_seconds < 1e6),
+        (RetryLater("x", delay_seconds=1e11), lambda o: o.retry_in_seconds == 90 * 86_400),
+        (RetryLater("x", delay_seconds=-3), lambda o: o.retry_in_seconds == 0),
+        (RetryLater("x", delay_seconds="5"), lambda o: 0 < o.retry_in_seconds < 1e6),  # type: ignore[arg-type]
+        (Defer("x", delay_seconds=float("inf")), lambda o: o.delay_seconds == 60),
+        (Defer("x", delay_seconds=1e15), lambda o: o.delay_seconds == 90 * 86_400),
+        (
+            RateLimited("429", retry_after_seconds=float("inf")),
+            lambda o: isinstance(o, Throttled) and o.retry_after_seconds is None,
+        ),
+        (
+            RateLimited("429", retry_after_seconds=float("nan")),
+            lambda o: isinstance(o, Throttled) and 0 < o.wait_seconds < 60,
+        ),
+    ],
+)
+async def test_a_handler_delay_is_made_storable(raised, check):
+    """Found by a tester: `RetryLater(delay_seconds=inf)` or nan made the outcome unstorable
+    (`make_interval` refuses them), so the job stayed `running` until its lease expired;
+    `1e11` stored a `run_at` in the year 5195; `RateLimited(retry_after=inf)` escaped
+    `execute` as a ValueError."""
+    r = Registry()
+
+    @r.handler("raise.it")
+    async def raise_it(j):
+        raise raised
+
+    outcome = await execute(job("raise.it"), r, SETTINGS, random.Random(0))
+    assert check(outcome), outcome
