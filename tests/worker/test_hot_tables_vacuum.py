@@ -85,3 +85,25 @@ async def test_a_role_that_may_not_vacuum_stops_trying_and_says_so(
         with psycopg.connect(db_dsn, autocommit=True) as admin:
             admin.execute(f'DROP OWNED BY "{role}"')
             admin.execute(f'DROP ROLE "{role}"')
+
+
+@pytest.mark.timeout(60)
+async def test_pgqueue_grant_lets_workers_vacuum_on_postgres_17_and_newer(db_dsn: str) -> None:
+    """Found by a tester: the least-privilege worker role could never vacuum (Postgres 17 has
+    the MAINTAIN privilege for that; `pgqueue grant` did not give it)."""
+    from pgqueue.db import queries
+
+    role = f"pgq_worker_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(db_dsn, autocommit=True) as admin:
+        queries.run(admin, "security_grant")
+        admin.execute(f'CREATE ROLE "{role}" LOGIN IN ROLE pgqueue_worker')
+        row = admin.execute("SELECT current_setting('server_version_num')::int").fetchone()
+        assert row is not None
+        version = int(row[0])
+    try:
+        async for worker in _worker(make_conninfo(db_dsn, user=role)):
+            expected = "vacuumed" if version >= 170000 else "not allowed"
+            assert await worker.vacuum_hot_tables() == expected
+    finally:
+        with psycopg.connect(db_dsn, autocommit=True) as admin:
+            admin.execute(f'DROP ROLE "{role}"')
