@@ -177,7 +177,23 @@ class Worker:
 
     # --------------------------------------------------------------------- run
     async def run(self, *, install_signal_handlers: bool = True) -> WorkerStats:
-        """Work until stopped (or, in burst mode, until nothing is left); returns the stats."""
+        """Work until stopped (or, in burst mode, until nothing is left); returns the stats.
+
+        The signal handlers go in first, so that SIGTERM during start-up (schema check, SDK
+        load: up to ~2 s) is a clean stop before the first claim, not the default kill.
+        """
+        loop = asyncio.get_running_loop()
+        if install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_signal)
+        try:
+            return await self._run()
+        finally:
+            if install_signal_handlers:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+
+    async def _run(self) -> WorkerStats:
         await asyncio.to_thread(self._check_schema)
         anthropic_handler = self.registry.get(ANTHROPIC_KIND)
         if isinstance(anthropic_handler, AnthropicMessagesHandler):
@@ -191,10 +207,8 @@ class Worker:
                     "%s jobs claimed by this worker go back to the queue unrun",
                     ANTHROPIC_KIND,
                 )
-        loop = asyncio.get_running_loop()
-        if install_signal_handlers:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self._on_signal)
+        if self._stopping:  # asked to stop while starting: nothing was claimed
+            return self.stats
         pool_size = min(self.concurrency, 8) + 2
         metrics.SLOTS.set(self.concurrency)
         self._pool = AsyncConnectionPool(
@@ -231,9 +245,6 @@ class Worker:
                     await task
             await self._close_handlers()
             await self._pool.close()
-            if install_signal_handlers:
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.remove_signal_handler(sig)
         return self.stats
 
     def _check_schema(self) -> None:

@@ -88,3 +88,44 @@ def test_a_worker_with_an_api_key_loads_the_sdk_before_its_first_claim(
         [sys.executable, "-c", _PROBE, db_dsn], capture_output=True, text=True, env=env, check=True
     ).stdout
     assert out.strip() == expected
+
+
+_SIGTERM_WHILE_STARTING = """
+import asyncio, os, signal, sys, time
+from pgqueue.handlers.anthropic import AnthropicMessagesHandler
+from pgqueue.settings import Settings
+from pgqueue.worker.runtime import Worker
+
+def load_sdk(self):  # a SIGTERM arrives while the SDK loads (~2 s on a real start)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.3)
+
+AnthropicMessagesHandler.load_sdk = load_sdk
+worker = Worker(sys.argv[1], Settings(), listen=False)
+claims = []
+
+async def claim(limit):
+    claims.append(limit)
+    return 0
+
+worker._claim = claim
+stats = asyncio.run(worker.run())
+print(stats.claimed, len(claims))
+"""
+
+
+def test_sigterm_while_starting_stops_cleanly_before_any_claim(db_dsn: str) -> None:
+    """Found by a tester: a SIGTERM in the first seconds of `pgqueue work` (schema check, SDK
+    load) killed the process (exit 143): the signal handlers went in only after start-up."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "PGQUEUE_"))}
+    env["ANTHROPIC_API_KEY"] = "sandbox-key"
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGTERM_WHILE_STARTING, db_dsn],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0 0"
