@@ -94,7 +94,8 @@ def test_migration_0002_downgrades_and_upgrades(empty_db_dsn):
 FINISHED = 100_000
 _SCAN = re.compile(
     r"(?P<node>(?:Bitmap Heap|Index Only|Index|Seq) Scan(?: using \w+)? on jobs\b).*?"
-    r"\(actual rows=(?P<rows>\d+) loops=(?P<loops>\d+)\)"
+    # Postgres 18 prints the average rows per loop with two decimals (`rows=1.00`)
+    r"\(actual rows=(?P<rows>\d+(?:\.\d+)?) loops=(?P<loops>\d+)\)"
 )
 
 
@@ -114,7 +115,7 @@ def _jobs_scans(plan: str) -> list[tuple[str, int, int, int]]:
             if "Buffers: shared" in below:
                 pages = sum(int(n) for n in re.findall(r"(?:hit|read)=(\d+)", below))
                 break
-        scans.append((m["node"], int(m["rows"]), int(m["loops"]), pages))
+        scans.append((m["node"], round(float(m["rows"])), int(m["loops"]), pages))
     return scans
 
 
