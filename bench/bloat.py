@@ -275,7 +275,7 @@ def _measure(server: str, template: str, args: argparse.Namespace, ctx: Any) -> 
 _BUFFERS = re.compile(r"Buffers: shared ((?:\w+=\d+ ?)+)")
 _NODE = re.compile(
     r"^(?P<indent>\s*)(?:->\s+)?(?P<node>(?:Bitmap Heap|Bitmap Index|Index Only|Index|Seq) Scan"
-    r"(?: using (?P<index>\w+))? on (?P<table>\w+)).*?\(actual rows=(?P<rows>\d+) "
+    r"(?: using (?P<index>\w+))? on (?P<table>\w+)).*?\(actual rows=(?P<rows>\d+(?:\.\d+)?) "
     r"loops=(?P<loops>\d+)\)"
 )
 
@@ -306,7 +306,7 @@ def _scans(plan: str) -> list[dict[str, Any]]:
         found.append(
             {
                 "node": m["node"],
-                "rows": int(m["rows"]),
+                "rows": round(float(m["rows"])),  # Postgres 18: "1.00"
                 "loops": int(m["loops"]),
                 "buffers": buffers,
             }
