@@ -47,7 +47,7 @@ class DemoOptions:
     seed: int = 0
     trace: Path | None = None
     model: str = "claude-haiku-4-5"
-    database: str = "pgqueue_demo"  # DEMO_DATABASE
+    database: str = "pgqueue_demo"
 
 
 async def _run(dsn: str, settings: Settings, options: DemoOptions, since: datetime) -> ReplayStats:
@@ -75,11 +75,7 @@ async def _run(dsn: str, settings: Settings, options: DemoOptions, since: dateti
     return stats
 
 
-#: The demo's own database, recreated on every run next to the user's.
-DEMO_DATABASE = "pgqueue_demo"
-
-
-def demo_database(dsn: str, database: str = DEMO_DATABASE) -> str:
+def demo_database(dsn: str, database: str) -> str:
     """Drop and recreate ``database`` on the server of ``dsn``; return its DSN.
 
     The demo never touches the user's own queue. Raises ``psycopg.Error`` when the role may

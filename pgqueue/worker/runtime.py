@@ -33,6 +33,7 @@ from pgqueue.handlers.registry import NOOP_KIND, Registry, noop
 from pgqueue.models import Deferred, Failed, Interrupted, Job, Outcome, Throttled, Tier
 from pgqueue.observability import metrics
 from pgqueue.settings import Settings
+from pgqueue.worker import upkeep
 from pgqueue.worker.completer import Completer, run_named, transient_retry
 from pgqueue.worker.executor import execute
 from pgqueue.worker.notifier import Notifier
@@ -221,12 +222,21 @@ class Worker:
             asyncio.create_task(self._heartbeat_loop(), name="pgqueue-heartbeat"),
             asyncio.create_task(self._rescue_loop(), name="pgqueue-rescuer"),
         ]
-        if self.settings.counters_compact_interval_seconds is not None:
+        compact_every = self.settings.counters_compact_interval_seconds
+        if compact_every is not None:
             background.append(
-                asyncio.create_task(self._compact_loop(), name="pgqueue-counters-compactor")
+                asyncio.create_task(
+                    upkeep.compact_loop(self._pool, compact_every, self._rng),
+                    name="pgqueue-counters-compactor",
+                )
             )
-        if self.settings.hot_tables_vacuum_interval_seconds is not None:
-            background.append(asyncio.create_task(self._vacuum_loop(), name="pgqueue-vacuum"))
+        vacuum_every = self.settings.hot_tables_vacuum_interval_seconds
+        if vacuum_every is not None:
+            background.append(
+                asyncio.create_task(
+                    upkeep.vacuum_loop(self._pool, vacuum_every, self._rng), name="pgqueue-vacuum"
+                )
+            )
         if self.listen:
             notifier = Notifier(self.dsn, self.wake)
             background.append(asyncio.create_task(notifier.run(self._stop), name="pgqueue-listen"))
@@ -401,10 +411,11 @@ class Worker:
                     log.warning("job %s: lease lost; its outcome will be dropped", job.id)
 
     async def _rescue_loop(self) -> None:
+        assert self._pool is not None
         while True:
             await self._rescue_once()
             if self.settings.retention_seconds is not None:
-                await self._prune(self.settings.retention_seconds)
+                await upkeep.prune(self._pool, self.settings.retention_seconds)
             await asyncio.sleep(self.settings.rescue_interval_seconds * self._rng.uniform(0.8, 1.2))
 
     async def _rescue_once(self) -> int:
@@ -426,77 +437,6 @@ class Worker:
             log.warning("rescued %d job(s) whose lease expired", len(rows))
             self.wake()
         return sum(1 for row in rows if row["state"] == "queued")
-
-    async def _prune(self, older_than_seconds: float) -> None:
-        """Retention, in the maintenance loop: one batch per round, one pruner at a time."""
-        from pgqueue.admin import PRUNE_LOCK_KEY
-
-        assert self._pool is not None
-        try:
-            async with self._pool.connection() as conn:
-                await queries.arun(
-                    conn,
-                    "job_prune",
-                    {
-                        "older_than_seconds": older_than_seconds,
-                        "limit": 5000,
-                        "lock_key": PRUNE_LOCK_KEY,
-                    },
-                )
-        except psycopg.Error as exc:
-            log.warning("prune failed (%s); will retry", exc)
-
-    async def _compact_loop(self) -> None:
-        """Fold the queued counters' delta rows (admission control) now and then."""
-        assert self._pool is not None
-        interval = self.settings.counters_compact_interval_seconds
-        assert interval is not None
-        while True:
-            await asyncio.sleep(interval * self._rng.uniform(0.8, 1.2))
-            try:
-                async with self._pool.connection() as conn:
-                    await queries.arun(conn, "queue_counts_compact", {"max_rows": 10000})
-            except psycopg.Error as exc:
-                log.warning("counter compaction failed (%s); will retry", exc)
-
-    async def _vacuum_loop(self) -> None:
-        interval = self.settings.hot_tables_vacuum_interval_seconds
-        assert interval is not None
-        while True:
-            await asyncio.sleep(interval * self._rng.uniform(0.8, 1.2))
-            if await self.vacuum_hot_tables(interval * 0.8) == "not allowed":
-                log.warning(
-                    "this role may not VACUUM pgqueue's hot tables (it needs to own them, or "
-                    "the MAINTAIN privilege on Postgres 17+, which `pgqueue grant` gives "
-                    "pgqueue_worker): leaving them to autovacuum; set "
-                    "PGQUEUE_HOT_TABLES_VACUUM_INTERVAL_SECONDS=none to silence this"
-                )
-                return
-
-    async def vacuum_hot_tables(self, unless_done_within_seconds: float = 0.0) -> str:
-        """``VACUUM`` the scheduler's small, hot tables (DRR inbox, deficits, tier state,
-        counters, rate limits) unless someone did within ``unless_done_within_seconds``.
-
-        Returns ``"vacuumed"``, ``"not due"``, ``"not allowed"`` (this role may not vacuum
-        them) or ``"failed"`` (a database error, logged; the next round tries again). Every
-        claim reads these tables whole or by index, and their dead rows would otherwise
-        accumulate for up to ``autovacuum_naptime`` (see ``sql/queries/maintenance.sql``).
-        """
-        assert self._pool is not None
-        try:
-            async with self._pool.connection() as conn:
-                row = await queries.arun(
-                    conn, "hot_tables_vacuum_due", {"seconds": unless_done_within_seconds}
-                )
-                if row is None or not row["allowed"]:
-                    return "not allowed"
-                if not row["due"]:
-                    return "not due"
-                await queries.arun(conn, "hot_tables_vacuum", prepare=False)
-        except psycopg.Error as exc:
-            log.warning("vacuum of the hot tables failed (%s); will retry", exc)
-            return "failed"
-        return "vacuumed"
 
     async def _close_handlers(self) -> None:
         for kind in self.registry:

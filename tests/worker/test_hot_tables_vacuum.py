@@ -1,18 +1,20 @@
-"""Workers vacuum the scheduler's small, hot tables, about once per interval for a whole fleet."""
+"""Workers vacuum the scheduler's small, hot tables, about once per interval for a whole fleet
+(``pgqueue.worker.upkeep``)."""
 
 from __future__ import annotations
 
 import logging
+import random
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
-from pgqueue.settings import Settings
-from pgqueue.worker.runtime import Worker
+from pgqueue.worker import upkeep
 
 INBOX_PAGES = "SELECT pg_relation_size('pgqueue.drr_inbox') / 8192"
 
@@ -30,15 +32,13 @@ def _bloat_the_inbox(dsn: str) -> int:
         return int(row[0])
 
 
-async def _worker(dsn: str, settings: Settings | None = None) -> AsyncIterator[Worker]:
-    worker = Worker(dsn, settings or Settings())
-    pool: AsyncConnectionPool[psycopg.AsyncConnection[tuple[object, ...]]] = AsyncConnectionPool(
+async def _pool(dsn: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
         dsn, min_size=1, max_size=2, kwargs={"autocommit": True}, open=False
     )
     await pool.open(wait=True)
-    worker._pool = pool
     try:
-        yield worker
+        yield pool
     finally:
         await pool.close()
 
@@ -50,16 +50,16 @@ async def test_a_worker_vacuums_the_hot_tables_unless_someone_just_did(db_dsn: s
     of single enqueues at ~560 per second)."""
     before = _bloat_the_inbox(db_dsn)
     assert before > 50
-    async for worker in _worker(db_dsn):
-        assert await worker.vacuum_hot_tables(60.0) == "vacuumed"  # never vacuumed: due
+    async for pool in _pool(db_dsn):
+        assert await upkeep.vacuum_hot_tables(pool, 60.0) == "vacuumed"  # never vacuumed: due
         with psycopg.connect(db_dsn, autocommit=True) as other:
             row = other.execute(INBOX_PAGES).fetchone()
             assert row is not None and row[0] <= 1
         # Found by a tester: every worker of a fleet vacuumed each interval; now the date of
         # the last vacuum (by anyone) decides.
-        assert await worker.vacuum_hot_tables(60.0) == "not due"
+        assert await upkeep.vacuum_hot_tables(pool, 60.0) == "not due"
         for _ in range(6):  # more than psycopg's prepare threshold: VACUUM is never prepared
-            assert await worker.vacuum_hot_tables(0.0) == "vacuumed"
+            assert await upkeep.vacuum_hot_tables(pool, 0.0) == "vacuumed"
 
 
 @pytest.mark.timeout(60)
@@ -75,11 +75,10 @@ async def test_a_role_that_may_not_vacuum_stops_trying_and_says_so(
         admin.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA pgqueue TO "{role}"')
     try:
         dsn = make_conninfo(db_dsn, user=role)
-        settings = Settings(hot_tables_vacuum_interval_seconds=0.01)
-        async for worker in _worker(dsn, settings):
-            assert await worker.vacuum_hot_tables() == "not allowed"
+        async for pool in _pool(dsn):
+            assert await upkeep.vacuum_hot_tables(pool) == "not allowed"
             with caplog.at_level(logging.WARNING, logger="pgqueue.worker"):
-                await worker._vacuum_loop()  # returns: it does not try again
+                await upkeep.vacuum_loop(pool, 0.01, random.Random(0))  # returns: no retry
             assert "may not VACUUM" in caplog.text
     finally:
         with psycopg.connect(db_dsn, autocommit=True) as admin:
@@ -101,9 +100,9 @@ async def test_pgqueue_grant_lets_workers_vacuum_on_postgres_17_and_newer(db_dsn
         assert row is not None
         version = int(row[0])
     try:
-        async for worker in _worker(make_conninfo(db_dsn, user=role)):
+        async for pool in _pool(make_conninfo(db_dsn, user=role)):
             expected = "vacuumed" if version >= 170000 else "not allowed"
-            assert await worker.vacuum_hot_tables() == expected
+            assert await upkeep.vacuum_hot_tables(pool) == expected
     finally:
         with psycopg.connect(db_dsn, autocommit=True) as admin:
             admin.execute(f'DROP ROLE "{role}"')

@@ -1,0 +1,99 @@
+"""Table upkeep a worker runs beside its jobs: retention, counter compaction, and the vacuum of
+the scheduler's small, hot tables. Each touches only the database (no worker state); the
+worker (``pgqueue.worker.runtime``) starts the loops and passes its pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from pgqueue.db import queries
+
+log = logging.getLogger("pgqueue.worker")
+
+Pool = AsyncConnectionPool[Any]
+
+
+async def _every(interval: float, rng: random.Random, step: Callable[[], Awaitable[bool]]) -> None:
+    """Run ``step`` every ``interval`` seconds (± 20 % jitter) until it returns False."""
+    while True:
+        await asyncio.sleep(interval * rng.uniform(0.8, 1.2))
+        if not await step():
+            return
+
+
+async def prune(pool: Pool, older_than_seconds: float) -> None:
+    """Retention: delete one batch of jobs finished longer ago than ``older_than_seconds``,
+    one pruner at a time (``pgqueue.admin.PRUNE_LOCK_KEY``). Database errors are logged."""
+    from pgqueue.admin import PRUNE_LOCK_KEY
+
+    params = {"older_than_seconds": older_than_seconds, "limit": 5000, "lock_key": PRUNE_LOCK_KEY}
+    try:
+        async with pool.connection() as conn:
+            await queries.arun(conn, "job_prune", params)
+    except psycopg.Error as exc:
+        log.warning("prune failed (%s); will retry", exc)
+
+
+async def compact_loop(pool: Pool, interval: float, rng: random.Random) -> None:
+    """Fold the queued counters' delta rows (admission control) every ``interval`` seconds."""
+
+    async def step() -> bool:
+        try:
+            async with pool.connection() as conn:
+                await queries.arun(conn, "queue_counts_compact", {"max_rows": 10000})
+        except psycopg.Error as exc:
+            log.warning("counter compaction failed (%s); will retry", exc)
+        return True
+
+    await _every(interval, rng, step)
+
+
+async def vacuum_loop(pool: Pool, interval: float, rng: random.Random) -> None:
+    """:func:`vacuum_hot_tables` every ``interval`` seconds, unless someone did within ~that;
+    returns, with one warning, if this role may not vacuum them."""
+
+    async def step() -> bool:
+        if await vacuum_hot_tables(pool, interval * 0.8) != "not allowed":
+            return True
+        log.warning(
+            "this role may not VACUUM pgqueue's hot tables (it needs to own them, or "
+            "the MAINTAIN privilege on Postgres 17+, which `pgqueue grant` gives "
+            "pgqueue_worker): leaving them to autovacuum; set "
+            "PGQUEUE_HOT_TABLES_VACUUM_INTERVAL_SECONDS=none to silence this"
+        )
+        return False
+
+    await _every(interval, rng, step)
+
+
+async def vacuum_hot_tables(pool: Pool, unless_done_within_seconds: float = 0.0) -> str:
+    """``VACUUM`` the scheduler's small, hot tables (DRR inbox, deficits, tier state,
+    counters, rate limits) unless someone did within ``unless_done_within_seconds``.
+
+    Returns ``"vacuumed"``, ``"not due"``, ``"not allowed"`` (this role may not vacuum them)
+    or ``"failed"`` (a database error, logged; the next round tries again). Every claim reads
+    these tables whole or by index, and their dead rows would otherwise accumulate for up to
+    ``autovacuum_naptime`` (see ``sql/queries/maintenance.sql``).
+    """
+    try:
+        async with pool.connection() as conn:
+            row = await queries.arun(
+                conn, "hot_tables_vacuum_due", {"seconds": unless_done_within_seconds}
+            )
+            if row is None or not row["allowed"]:
+                return "not allowed"
+            if not row["due"]:
+                return "not due"
+            await queries.arun(conn, "hot_tables_vacuum", prepare=False)
+    except psycopg.Error as exc:
+        log.warning("vacuum of the hot tables failed (%s); will retry", exc)
+        return "failed"
+    return "vacuumed"
