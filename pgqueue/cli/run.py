@@ -261,7 +261,7 @@ def bench(
     wake_samples: Annotated[int, typer.Option(min=1, help="Idle wake-up samples.")] = 200,
     peer: Annotated[
         str | None,
-        typer.Option(help="Also measure a peer: pgqueuer (pip install 'pgqueue[bench]')."),
+        typer.Option(help="Also measure a peer: pgqueuer (pip install 'pgqueue\\[bench]')."),
     ] = None,
     peer_batch: Annotated[int, typer.Option(min=1, help="The peer's dequeue batch size.")] = 10,
     only: Annotated[
@@ -306,7 +306,8 @@ def bench(
             err_console.print(f"wrote {plot}")
         else:
             err_console.print(
-                "matplotlib is not installed (pip install 'pgqueue[bench]'); no chart"
+                "matplotlib is not installed (pip install 'pgqueue[bench]'); no chart",
+                markup=False,
             )
 
 

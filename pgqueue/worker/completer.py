@@ -126,7 +126,9 @@ class Completer:
             future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
             self._pending.append((job, outcome, future))
             self._ready.set()
-            return await asyncio.shield(future)
+            # No shield needed: the flusher task writes the batch whatever happens to the
+            # caller; a cancelled caller only cancels its wait (the flusher skips done futures).
+            return await future
         return await asyncio.shield(self._record(job, outcome))
 
     async def _flush_loop(self) -> None:

@@ -67,10 +67,18 @@ class WorkerStats:
     rescued: int = 0
 
 
+#: Outcome label by outcome class (``succeeded``, ...): computed once, not per job.
+_OUTCOME_NAMES: dict[type, str] = {}
+
+
 def _count_outcome(outcome: Outcome, state: str | None) -> None:
     """Count one recorded outcome, and the reason when the job went back to the queue."""
-    name = type(outcome).__name__.lower()
-    metrics.OUTCOMES.labels(name if state is not None else "lease_lost").inc()
+    if state is None:
+        name = "lease_lost"
+    else:
+        kind = type(outcome)
+        name = _OUTCOME_NAMES.get(kind) or _OUTCOME_NAMES.setdefault(kind, kind.__name__.lower())
+    metrics.outcome_counter(name).inc()
     if state != "queued":
         return
     if isinstance(outcome, Failed):
@@ -83,12 +91,16 @@ def _count_outcome(outcome: Outcome, state: str | None) -> None:
         metrics.RETRIES.labels("deferred").inc()
 
 
+#: Tier by its stored name (a dict lookup; ``Tier(value)`` costs more, once per job).
+_TIERS: dict[str, Tier] = {tier.value: tier for tier in Tier}
+
+
 def _job_from_row(row: dict[str, Any]) -> Job:
     return Job(
         id=row["id"],
         tenant_id=row["tenant_id"],
         kind=row["kind"],
-        priority=Tier(row["priority"]),
+        priority=_TIERS[row["priority"]],
         payload=row["payload"],
         cost=float(row["cost"]),
         attempts=row["attempts"],

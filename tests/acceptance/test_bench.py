@@ -78,3 +78,10 @@ def test_bench_tiny_run(server_dsn: str, tmp_path: Path) -> None:
             (report["meta"]["scratch_prefix"],),
         ).fetchall()
     assert left == []
+
+
+def test_help_shows_the_install_extra() -> None:
+    """Rich markup ate ``[bench]`` from the help: it told users to ``pip install 'pgqueue'``."""
+    result = runner.invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "pip install 'pgqueue[bench]'" in result.output
