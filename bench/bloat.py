@@ -44,9 +44,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
-from psycopg.types.json import Jsonb
 
 from pgqueue.db import migrate, queries
+from pgqueue.worker.completer import success_batch
 
 ORIGINS = "(ARRAY['user_action', 'scheduled', 'batch_job'])[1 + g %% 3]::pgqueue.origin"
 TIERS = "(ARRAY['critical', 'standard', 'batch'])[1 + g %% 3]::pgqueue.tier"
@@ -188,14 +188,9 @@ def _build(server: str, name: str, variant: str, args: argparse.Namespace) -> fl
 def _completion(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """``job_complete_many`` parameters recording every claimed row as a success, as the
     worker's completer does (a small result, token counts 0)."""
-    return {
-        "ids": [r["id"] for r in rows],
-        "tenant_ids": [r["tenant_id"] for r in rows],
-        "lease_tokens": [r["lease_token"] for r in rows],
-        "results": [Jsonb({"ok": True}) for _ in rows],
-        "input_tokens": [0 for _ in rows],
-        "output_tokens": [0 for _ in rows],
-    }
+    return success_batch(
+        (r["id"], r["tenant_id"], r["lease_token"], {"ok": True}, 0, 0) for r in rows
+    )
 
 
 def _worker(dsn: str, jobs: int, batch: int, start_at: float) -> dict[str, Any]:

@@ -8,7 +8,9 @@ Transient database errors (deadlock, serialization failure, dropped connection) 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+from collections.abc import Iterable
 from typing import Any, assert_never
 
 import psycopg
@@ -78,6 +80,22 @@ async def run_named(
     raise AssertionError("unreachable: transient_retry re-raises the last error")
 
 
+#: One success for :func:`success_batch`: job id, tenant id, lease token, the handler's result
+#: (a JSON-able dict or None), input and output tokens (or None).
+Success = tuple[int, str, str, dict[str, Any] | None, int | None, int | None]
+
+
+def success_batch(successes: Iterable[Success]) -> dict[str, str]:
+    """Parameters of the named query ``job_complete_many``: the successes as ONE JSON array of
+    ``[id, tenant_id, lease_token, result, input_tokens, output_tokens]`` rows.
+
+    Raises:
+        TypeError, ValueError: a result ``json`` cannot encode (the caller then records the
+            jobs one by one, so that only that job fails).
+    """
+    return {"batch": json.dumps([list(s) for s in successes])}
+
+
 class Completer:
     """Records each job's outcome with one guarded statement, batching successes.
 
@@ -143,15 +161,11 @@ class Completer:
                 return
 
     async def _flush(self, batch: list[tuple[Job, Succeeded, asyncio.Future[str | None]]]) -> None:
-        params = {
-            "ids": [job.id for job, _o, _f in batch],
-            "tenant_ids": [job.tenant_id for job, _o, _f in batch],
-            "lease_tokens": [job.lease_token for job, _o, _f in batch],
-            "results": [None if o.result is None else Jsonb(o.result) for _j, o, _f in batch],
-            "input_tokens": [o.input_tokens for _j, o, _f in batch],
-            "output_tokens": [o.output_tokens for _j, o, _f in batch],
-        }
         try:
+            params = success_batch(
+                (job.id, job.tenant_id, job.lease_token, o.result, o.input_tokens, o.output_tokens)
+                for job, o, _f in batch
+            )
             rows = await run_named(self._pool, "job_complete_many", params)
         except TRANSIENT_ERRORS as exc:  # still failing after the retries: the rescuer will
             for _job, _o, future in batch:

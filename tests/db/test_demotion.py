@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import pgqueue
 from pgqueue.db import queries
 from pgqueue.scheduling.demotion import DemotionRule, demotion_reason
+from pgqueue.worker.completer import success_batch
 
 PAYLOAD = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -237,14 +238,9 @@ def test_concurrent_batched_completions_do_not_deadlock_on_usage(db_dsn):
                     queries.run(
                         conn,
                         "job_complete_many",
-                        {
-                            "ids": [j["id"] for j in jobs],
-                            "tenant_ids": [j["tenant_id"] for j in jobs],
-                            "lease_tokens": [j["lease_token"] for j in jobs],
-                            "results": [None] * len(jobs),
-                            "input_tokens": [10] * len(jobs),
-                            "output_tokens": [1] * len(jobs),
-                        },
+                        success_batch(
+                            (j["id"], j["tenant_id"], j["lease_token"], None, 10, 1) for j in jobs
+                        ),
                     )
             except BaseException as exc:
                 errors.append(exc)

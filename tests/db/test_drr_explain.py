@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from pgqueue.db import migrate, queries
+from pgqueue.worker.completer import success_batch
 
 QUEUED = 120_000
 TENANTS = 1_000
@@ -174,14 +175,9 @@ def test_claim_path_does_not_read_finished_jobs(conn, db_dsn):
             done = queries.run(
                 c,
                 "job_complete_many",
-                {
-                    "ids": [r["id"] for r in rows],
-                    "tenant_ids": [r["tenant_id"] for r in rows],
-                    "lease_tokens": [r["lease_token"] for r in rows],
-                    "results": [None] * len(rows),
-                    "input_tokens": [1] * len(rows),
-                    "output_tokens": [1] * len(rows),
-                },
+                success_batch(
+                    (r["id"], r["tenant_id"], r["lease_token"], None, 1, 1) for r in rows
+                ),
             )
             assert len(done) == 10
     scans = [s for p in plans for s in _jobs_scans(p)]
