@@ -8,7 +8,6 @@ Transient database errors (deadlock, serialization failure, dropped connection) 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Iterable
 from typing import Any, assert_never
@@ -85,15 +84,12 @@ async def run_named(
 Success = tuple[int, str, str, dict[str, Any] | None, int | None, int | None]
 
 
-def success_batch(successes: Iterable[Success]) -> dict[str, str]:
-    """Parameters of the named query ``job_complete_many``: the successes as ONE JSON array of
-    ``[id, tenant_id, lease_token, result, input_tokens, output_tokens]`` rows.
-
-    Raises:
-        TypeError, ValueError: a result ``json`` cannot encode (the caller then records the
-            jobs one by one, so that only that job fails).
-    """
-    return {"batch": json.dumps([list(s) for s in successes])}
+def success_batch(successes: Iterable[Success]) -> dict[str, Jsonb]:
+    """Parameters of the named query ``job_complete_many``: the successes as ONE jsonb object
+    ``{"<id>": [tenant_id, lease_token, result, input_tokens, output_tokens]}``, encoded when
+    the statement is sent (a result ``json`` cannot encode fails that statement: the completer
+    then records the jobs one by one, so that only that job fails)."""
+    return {"batch": Jsonb({str(s[0]): [s[1], s[2], s[3], s[4], s[5]] for s in successes})}
 
 
 class Completer:

@@ -237,3 +237,94 @@ def test_deferred_job_returns_later_without_using_an_attempt(db_dsn: str) -> Non
         ).fetchone()
     assert (state, attempts) == ("queued", 0)
     assert 55 < float(delay) <= 60
+
+
+def _complete_batch_in_thread(db_dsn: str, claimed: dict[str, Any], owner: str) -> Any:
+    """Start a batched completion of ``claimed`` (as the completer sends it) on its own
+    connection and thread; returns (thread, results list)."""
+    import threading
+
+    from pgqueue.worker.completer import success_batch
+
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            with psycopg.connect(db_dsn, autocommit=True, application_name="blocked") as c:
+                batch = success_batch(
+                    [(claimed["id"], TENANT, claimed["lease_token"], {"owner": owner}, 3, 4)]
+                )
+                out.append(queries.run(c, "job_complete_many", batch))
+        except BaseException as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def _wait_until_blocked(conn: Conn) -> None:
+    import time
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = 'blocked' AND wait_event_type = 'Lock'"
+        ).fetchone()
+        if row is not None and row[0] == 1:
+            return
+        time.sleep(0.02)
+    raise AssertionError("the batched completion never waited on the row lock")
+
+
+def test_batched_completion_after_a_concurrent_heartbeat_records_the_success(
+    auto: Conn, db_dsn: str
+) -> None:
+    """The batched completion finds rows by TID; a heartbeat committed between its snapshot
+    and its update makes it re-read the row's newest version (another TID). Values and fence
+    are looked up by the job's key, so the success and its result are still recorded."""
+    _enqueue(auto)
+    claimed = _claim(auto, "worker-a")
+    with psycopg.connect(db_dsn) as beat:  # the same worker's heartbeat, in flight
+        held = queries.run(
+            beat,
+            "job_heartbeat",
+            {
+                "ids": [claimed["id"]],
+                "tenant_ids": [TENANT],
+                "lease_tokens": [claimed["lease_token"]],
+                "lease_seconds": 60,
+            },
+        )
+        assert [r["id"] for r in held] == [claimed["id"]]
+        thread, out = _complete_batch_in_thread(db_dsn, claimed, "a")
+        _wait_until_blocked(auto)
+        beat.commit()
+    thread.join(timeout=10)
+    assert out == [[{"id": claimed["id"]}]]
+    row = _row(auto, claimed["id"])
+    assert row["state"] == "succeeded"
+    assert row["result"] == {"owner": "a"}
+    assert (row["input_tokens"], row["output_tokens"]) == (3, 4)
+
+
+def test_batched_completion_waiting_on_a_rescue_and_a_new_claim_is_fenced(
+    auto: Conn, db_dsn: str
+) -> None:
+    """Same race, but what commits in between is a rescue and a claim by another worker (a
+    new lease token): the stale success changes nothing."""
+    _enqueue(auto)
+    old = _claim(auto, "worker-a")
+    _expire_lease(auto, old["id"])
+    with psycopg.connect(db_dsn) as other:
+        assert queries.run(other, "job_rescue", RESCUE) == [{"id": old["id"], "state": "queued"}]
+        thread, out = _complete_batch_in_thread(db_dsn, old, "a")
+        _wait_until_blocked(auto)
+        new = _claim(other, "worker-b")
+        other.commit()
+    thread.join(timeout=10)
+    assert out == [[]]
+    row = _row(auto, old["id"])
+    assert row["state"] == "running" and row["lease_token"] == new["lease_token"]
+    assert row["result"] is None

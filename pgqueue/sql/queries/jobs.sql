@@ -27,41 +27,29 @@ WHERE id = %(id)s AND tenant_id = %(tenant_id)s
 
 -- name: job_complete_many :many
 -- Fenced, batched: the successes of many jobs in one statement; returns the ids recorded
--- (a missing id lost its lease and its outcome is dropped). The batch is ONE JSON array of
--- [id, tenant_id, lease_token, result, input_tokens, output_tokens] (pgqueue.worker.completer
--- .success_batch): building six typed arrays cost the worker ~6 us per job, the JSON ~1.
--- Each success finds its row by a primary-key probe and the update takes the rows by TID.
--- Joined directly, the batch was planned, on a young or small table, as a scan of every job
--- whose jobs_running_lease_idx entry says running, dead entries included (nothing vacuums
--- between claims): after a few thousand jobs each completion read thousands of them. The
--- `state::text` comparisons keep the planner off that partial index. The lease token is
--- checked again on the row updated: a row changed since this statement's snapshot (its lease
--- expired, it was rescued and claimed again) is re-read, and no longer matches.
-WITH u AS (
-    SELECT (e.v ->> 0)::bigint AS id, e.v ->> 1 AS tenant_id, (e.v ->> 2)::uuid AS lease_token,
-           nullif(e.v -> 3, 'null'::jsonb) AS result, (e.v ->> 4)::integer AS input_tokens,
-           (e.v ->> 5)::integer AS output_tokens
-    FROM jsonb_array_elements(%(batch)s::jsonb) AS e(v)
-), held AS (
-    SELECT p.row_id, u.lease_token, u.result, u.input_tokens, u.output_tokens
-    FROM u
-    CROSS JOIN LATERAL (
-        SELECT j.ctid AS row_id FROM pgqueue.jobs j
-        WHERE j.id = u.id AND j.tenant_id = u.tenant_id
-          AND j.state::text = 'running' AND j.lease_token = u.lease_token
-        LIMIT 1
-    ) p
-)
+-- (a missing id lost its lease and its outcome is dropped). The batch is ONE jsonb object,
+-- {"<id>": [tenant_id, lease_token, result, input_tokens, output_tokens], ...}
+-- (pgqueue.worker.completer.success_batch): building six typed arrays instead cost the worker
+-- ~6 us per job, this ~1. Each row reads its own entry by key (a binary search in the
+-- object), and the rows are found by `id = ANY (ids)`, a scan of jobs_pkey. Joined to the
+-- batch instead, a young or small table got a hash join over every job whose
+-- jobs_running_lease_idx entry says running, dead entries included (nothing vacuums between
+-- claims): after a few thousand jobs each completion read thousands of them. `state::text`
+-- keeps the planner off that partial index. A row changed after this statement's snapshot is
+-- re-read at its newest version and checked again: a heartbeat of the same lease still
+-- records the success, a rescue and a new claim (another lease token) does not.
 UPDATE pgqueue.jobs j
 SET state = 'succeeded',
     finished_at = now(),
-    (result, input_tokens, output_tokens) =
-        (SELECT h.result, h.input_tokens, h.output_tokens FROM held h WHERE h.row_id = j.ctid),
+    result = nullif(%(batch)s::jsonb -> j.id::text -> 2, 'null'::jsonb),
+    input_tokens = (%(batch)s::jsonb -> j.id::text ->> 3)::integer,
+    output_tokens = (%(batch)s::jsonb -> j.id::text ->> 4)::integer,
     last_error = NULL,
     lease_expires_at = NULL
-WHERE j.ctid = ANY (ARRAY(SELECT held.row_id FROM held))
+WHERE j.id = ANY (ARRAY(SELECT k::bigint FROM jsonb_object_keys(%(batch)s::jsonb) AS k))
   AND j.state::text = 'running'
-  AND j.lease_token = (SELECT h.lease_token FROM held h WHERE h.row_id = j.ctid)
+  AND j.tenant_id = %(batch)s::jsonb -> j.id::text ->> 0
+  AND j.lease_token = (%(batch)s::jsonb -> j.id::text ->> 1)::uuid
 RETURNING j.id
 
 -- name: job_retry :one
