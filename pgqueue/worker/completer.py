@@ -92,6 +92,12 @@ def success_batch(successes: Iterable[Success]) -> dict[str, Jsonb]:
     return {"batch": Jsonb({str(s[0]): [s[1], s[2], s[3], s[4], s[5]] for s in successes})}
 
 
+def held_leases(jobs: Iterable[Job]) -> dict[str, Jsonb]:
+    """The ``held`` parameter of the named query ``job_heartbeat``: the leases ``jobs`` hold,
+    as ONE jsonb object ``{"<id>": [tenant_id, lease_token]}``."""
+    return {"held": Jsonb({str(j.id): [j.tenant_id, j.lease_token] for j in jobs})}
+
+
 class Completer:
     """Records each job's outcome with one guarded statement, batching successes.
 

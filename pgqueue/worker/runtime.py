@@ -34,7 +34,7 @@ from pgqueue.models import Deferred, Failed, Interrupted, Job, Outcome, Throttle
 from pgqueue.observability import metrics
 from pgqueue.settings import Settings
 from pgqueue.worker import upkeep
-from pgqueue.worker.completer import Completer, run_named, transient_retry
+from pgqueue.worker.completer import Completer, held_leases, run_named, transient_retry
 from pgqueue.worker.executor import execute
 from pgqueue.worker.notifier import Notifier
 
@@ -402,12 +402,7 @@ class Worker:
             jobs = [job for job, _task in held_jobs]
             if not jobs:
                 continue
-            params = {
-                "ids": [j.id for j in jobs],
-                "tenant_ids": [j.tenant_id for j in jobs],
-                "lease_tokens": [j.lease_token for j in jobs],
-                "lease_seconds": self.settings.lease_seconds,
-            }
+            params = {**held_leases(jobs), "lease_seconds": self.settings.lease_seconds}
             try:
                 async with self._pool.connection() as conn:
                     rows = await queries.arun(conn, "job_heartbeat", params)

@@ -179,9 +179,7 @@ def test_stale_interrupt_and_heartbeat_are_fenced(auto: Conn) -> None:
     stale = {**_key(old), "error": "stale stop", "delay_seconds": 0.0}
     assert queries.run(auto, "job_interrupt", stale) == 0
     heartbeat = {
-        "ids": [old["id"]],
-        "tenant_ids": [old["tenant_id"]],
-        "lease_tokens": [old["lease_token"]],
+        "held": Jsonb({str(old["id"]): [TENANT, old["lease_token"]]}),
         "lease_seconds": 600,
     }
     before = _row(auto, new["id"])["lease_expires_at"]
@@ -189,7 +187,7 @@ def test_stale_interrupt_and_heartbeat_are_fenced(auto: Conn) -> None:
     _assert_untouched(auto, new)
     assert _row(auto, new["id"])["lease_expires_at"] == before
     # the owner's heartbeat extends its lease
-    owner_beat = {**heartbeat, "lease_tokens": [new["lease_token"]]}
+    owner_beat = {**heartbeat, "held": Jsonb({str(new["id"]): [TENANT, new["lease_token"]]})}
     assert queries.run(auto, "job_heartbeat", owner_beat) == [{"id": new["id"]}]
     assert _row(auto, new["id"])["lease_expires_at"] > before
 
@@ -281,9 +279,10 @@ def _wait_until_blocked(conn: Conn) -> None:
 def test_batched_completion_after_a_concurrent_heartbeat_records_the_success(
     auto: Conn, db_dsn: str
 ) -> None:
-    """The batched completion finds rows by TID; a heartbeat committed between its snapshot
-    and its update makes it re-read the row's newest version (another TID). Values and fence
-    are looked up by the job's key, so the success and its result are still recorded."""
+    """A heartbeat committed between the batched completion's snapshot and its update makes
+    it re-read the row's newest version. The fence and the values are looked up by the job's
+    key, so the success and its result are still recorded (a version that found rows by TID
+    lost them: the newest version is another TID)."""
     _enqueue(auto)
     claimed = _claim(auto, "worker-a")
     with psycopg.connect(db_dsn) as beat:  # the same worker's heartbeat, in flight
@@ -291,9 +290,7 @@ def test_batched_completion_after_a_concurrent_heartbeat_records_the_success(
             beat,
             "job_heartbeat",
             {
-                "ids": [claimed["id"]],
-                "tenant_ids": [TENANT],
-                "lease_tokens": [claimed["lease_token"]],
+                "held": Jsonb({str(claimed["id"]): [TENANT, claimed["lease_token"]]}),
                 "lease_seconds": 60,
             },
         )

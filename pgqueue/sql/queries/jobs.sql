@@ -113,12 +113,16 @@ WHERE id = %(id)s AND tenant_id = %(tenant_id)s
 
 -- name: job_heartbeat :many
 -- Extends the leases this worker still holds; returns the ids whose lease it still holds.
+-- The leases are ONE jsonb object {"<id>": [tenant_id, lease_token], ...}
+-- (pgqueue.worker.completer.held_leases), the rows found by `id = ANY (ids)` on jobs_pkey,
+-- as in job_complete_many: joined to arrays of leases, the update was planned as a scan of
+-- every entry of jobs_running_lease_idx, dead ones included.
 UPDATE pgqueue.jobs j
 SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
-FROM unnest(%(ids)s::bigint[], %(tenant_ids)s::text[], %(lease_tokens)s::uuid[])
-     AS held(id, tenant_id, lease_token)
-WHERE j.id = held.id AND j.tenant_id = held.tenant_id
-  AND j.state = 'running' AND j.lease_token = held.lease_token
+WHERE j.id = ANY (ARRAY(SELECT k::bigint FROM jsonb_object_keys(%(held)s::jsonb) AS k))
+  AND j.state::text = 'running'
+  AND j.tenant_id = %(held)s::jsonb -> j.id::text ->> 0
+  AND j.lease_token = (%(held)s::jsonb -> j.id::text ->> 1)::uuid
 RETURNING j.id
 
 -- name: job_rescue :many
