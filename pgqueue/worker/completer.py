@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 from tenacity import (
     AsyncRetrying,
-    retry_if_exception_type,
+    retry_if_exception,
     stop_after_delay,
     wait_random_exponential,
 )
@@ -33,12 +33,31 @@ log = logging.getLogger("pgqueue.worker")
 #: The longest error text recorded for a job.
 _MAX_ERROR_CHARS = 2000
 
-#: Errors worth retrying on the claim and completion paths.
+#: The error classes worth retrying on the claim and completion paths (see :func:`is_transient`
+#: for which of their members are).
 TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     psycopg.OperationalError,
     psycopg.errors.DeadlockDetected,
     psycopg.errors.SerializationFailure,
 )
+
+#: SQLSTATE classes of an ``OperationalError`` that another try can get past: connection
+#: exception (08), insufficient resources (53), operator intervention (57: shutdown, cannot
+#: connect now), system error (58). Not program limit exceeded (54: a value too large for
+#: jsonb fails the same way every time) nor object not in prerequisite state (55).
+_TRANSIENT_CLASSES = frozenset({"08", "53", "57", "58"})
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is a database error another try can get past: a deadlock, a
+    serialization failure, a lost connection (no SQLSTATE), or an ``OperationalError`` of the
+    classes in ``_TRANSIENT_CLASSES`` (PostgreSQL manual, appendix A, "Error Codes")."""
+    if isinstance(exc, psycopg.errors.DeadlockDetected | psycopg.errors.SerializationFailure):
+        return True
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    return state is None or state[:2] in _TRANSIENT_CLASSES
 
 
 def transient_retry(give_up_after_seconds: float = 30.0) -> AsyncRetrying:
@@ -47,7 +66,7 @@ def transient_retry(give_up_after_seconds: float = 30.0) -> AsyncRetrying:
     ``give_up_after_seconds`` — long enough to ride out a Postgres restart, far shorter than a
     lease, so an outcome is recorded before anyone could rescue the job."""
     return AsyncRetrying(
-        retry=retry_if_exception_type(TRANSIENT_ERRORS),
+        retry=retry_if_exception(is_transient),
         wait=wait_random_exponential(multiplier=0.05, max=3.0),
         stop=stop_after_delay(give_up_after_seconds),
         reraise=True,
@@ -69,8 +88,9 @@ async def run_named(
         async with pool.connection() as conn:
             rows = await queries.arun(conn, name, params)
         return rows
-    except TRANSIENT_ERRORS:
-        pass
+    except TRANSIENT_ERRORS as exc:
+        if not is_transient(exc):
+            raise
     async for attempt in transient_retry():
         with attempt:
             async with pool.connection() as conn:
@@ -169,14 +189,15 @@ class Completer:
                 for job, o, _f in batch
             )
             rows = await run_named(self._pool, "job_complete_many", params)
-        except TRANSIENT_ERRORS as exc:  # still failing after the retries: the rescuer will
-            for _job, _o, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
-            return
         except Exception as exc:
+            if is_transient(exc):  # still failing after the retries: the rescuer will
+                for _job, _o, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                return
             # One job's result can make the whole statement fail (a NUL character, a value
-            # json cannot encode): record the jobs one by one, so that only that job fails.
+            # json cannot encode, a batch over jsonb's 256 MB): record the jobs one by one,
+            # so that only that job fails.
             log.warning(
                 "batched completion of %d job(s) failed (%s); recording them one by one",
                 len(batch),
@@ -201,11 +222,11 @@ class Completer:
         as a permanent failure naming the reason, so the job is not run again."""
         try:
             state = await self._record(job, outcome)
-        except TRANSIENT_ERRORS as exc:
-            if not future.done():
-                future.set_exception(exc)
-            return
         except Exception as exc:
+            if is_transient(exc):
+                if not future.done():
+                    future.set_exception(exc)
+                return
             log.error("job %s: its result could not be stored (%s); job failed", job.id, exc)
             reason = f"the handler's result could not be stored: {exc}"[:_MAX_ERROR_CHARS]
             try:

@@ -30,7 +30,7 @@ from pgqueue.db.migrate import check_schema
 from pgqueue.handlers.anthropic import KIND as ANTHROPIC_KIND
 from pgqueue.handlers.anthropic import AnthropicMessagesHandler
 from pgqueue.handlers.registry import NOOP_KIND, Registry, noop
-from pgqueue.models import Deferred, Failed, Interrupted, Job, Outcome, Throttled, Tier
+from pgqueue.models import Deferred, Failed, Interrupted, Job, Outcome, Succeeded, Throttled, Tier
 from pgqueue.observability import metrics
 from pgqueue.settings import Settings
 from pgqueue.worker import upkeep
@@ -75,6 +75,8 @@ def _count_outcome(outcome: Outcome, state: str | None) -> None:
     """Count one recorded outcome, and the reason when the job went back to the queue."""
     if state is None:
         name = "lease_lost"
+    elif state == "failed" and isinstance(outcome, Succeeded):
+        name = "failed"  # a result that could not be stored failed the job
     else:
         kind = type(outcome)
         name = _OUTCOME_NAMES.get(kind) or _OUTCOME_NAMES.setdefault(kind, kind.__name__.lower())
@@ -157,6 +159,12 @@ class Worker:
         # jobs whose handler is done and whose success waits for the completer's next flush
         self._flushing: dict[int, tuple[Job, asyncio.Task[None]]] = {}
         self._lost: set[int] = set()
+        # jobs whose handler is done and whose outcome is being written: a heartbeat that no
+        # longer finds them saw that write, not a lost lease
+        self._recording: set[int] = set()
+        # one rescue at a time in this process, so that the burst exit waits for a rescue
+        # the background rescuer has under way
+        self._rescue_lock = asyncio.Lock()
         self._blocked_seconds: float | None = None
         self._pool: AsyncConnectionPool[Any] | None = None
         self._completer: Completer | None = None
@@ -299,6 +307,11 @@ class Worker:
                 ):
                     if await self._rescue_once():
                         continue  # expired leases went back to the queue: run them first
+                    # The background rescuer may just have put jobs back (found by a tester:
+                    # a burst worker started beside expired leases exited with them queued).
+                    due = await self._next_due()
+                    if due is not None and due <= self.settings.burst_horizon_seconds:
+                        continue
                     log.info("burst: nothing left to run; exiting")
                     return
                 if due is not None:
@@ -353,6 +366,7 @@ class Worker:
                 outcome = await execute(job, self.registry, self.settings, self._rng)
             except asyncio.CancelledError:
                 outcome = Interrupted()
+            self._recording.add(job.id)
             if len(self._flushing) < self.concurrency and self._completer.batches(job, outcome):
                 # Write-behind: the handler is done, so its slot frees now and the next claim
                 # overlaps the flush that records this success. The lease stays held (the
@@ -371,6 +385,7 @@ class Worker:
             _count_outcome(outcome, state)
         finally:
             self._flushing.pop(job.id, None)
+            self._recording.discard(job.id)
             self._lost.discard(job.id)
             if not released:
                 self._release(job)
@@ -395,27 +410,39 @@ class Worker:
             await asyncio.wait(pending)
 
     async def _heartbeat_loop(self) -> None:
-        assert self._pool is not None
         while True:
             await asyncio.sleep(self.settings.heartbeat_seconds)
-            held_jobs = [*self._inflight.values(), *self._flushing.values()]
-            jobs = [job for job, _task in held_jobs]
-            if not jobs:
-                continue
-            params = {**held_leases(jobs), "lease_seconds": self.settings.lease_seconds}
-            try:
-                async with self._pool.connection() as conn:
-                    rows = await queries.arun(conn, "job_heartbeat", params)
-            except psycopg.Error as exc:
-                log.warning("heartbeat failed (%s); will retry", exc)
-                continue
-            held = {r["id"] for r in rows}
-            for job in jobs:
-                running = job.id in self._inflight or job.id in self._flushing
-                if job.id not in held and running and job.id not in self._lost:
-                    self._lost.add(job.id)
-                    self.stats.lost_leases += 1
-                    log.warning("job %s: lease lost; its outcome will be dropped", job.id)
+            await self._heartbeat_once()
+
+    async def _heartbeat_once(self) -> None:
+        """Extend the leases of the jobs this worker holds; flag those whose lease is gone.
+
+        A job whose outcome is being written is not flagged: its write may have committed
+        while the heartbeat waited (the completer reports a lost lease itself)."""
+        assert self._pool is not None
+        held_jobs = [*self._inflight.values(), *self._flushing.values()]
+        jobs = [job for job, _task in held_jobs]
+        if not jobs:
+            return
+        params = {**held_leases(jobs), "lease_seconds": self.settings.lease_seconds}
+        try:
+            async with self._pool.connection() as conn:
+                rows = await queries.arun(conn, "job_heartbeat", params)
+        except psycopg.Error as exc:
+            log.warning("heartbeat failed (%s); will retry", exc)
+            return
+        held = {r["id"] for r in rows}
+        for job in jobs:
+            running = job.id in self._inflight or job.id in self._flushing
+            if (
+                job.id not in held
+                and running
+                and job.id not in self._recording
+                and job.id not in self._lost
+            ):
+                self._lost.add(job.id)
+                self.stats.lost_leases += 1
+                log.warning("job %s: lease lost; its outcome will be dropped", job.id)
 
     async def _rescue_loop(self) -> None:
         assert self._pool is not None
@@ -431,7 +458,7 @@ class Worker:
         leave rescued work behind."""
         assert self._pool is not None
         try:
-            async with self._pool.connection() as conn:
+            async with self._rescue_lock, self._pool.connection() as conn:
                 rows = await queries.arun(
                     conn, "job_rescue", {"limit": 1000, "lock_key": RESCUE_LOCK_KEY}
                 )

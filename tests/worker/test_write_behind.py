@@ -12,6 +12,7 @@ import pytest
 
 import pgqueue
 from pgqueue import JobSpec
+from pgqueue.observability import metrics
 from pgqueue.settings import Settings
 from pgqueue.worker.completer import Completer
 from pgqueue.worker.runtime import Worker
@@ -81,9 +82,20 @@ async def test_a_result_that_cannot_be_stored_fails_its_job_alone(db_dsn: str) -
     worker = Worker(
         db_dsn, Settings(poll_interval_seconds=0.1), registry, concurrency=10, burst=True
     )
+
+    def outcomes(name: str) -> float:
+        value = metrics.WORKER_REGISTRY.get_sample_value(
+            "pgqueue_job_outcomes_total", {"outcome": name}
+        )
+        return value or 0.0
+
+    before = {name: outcomes(name) for name in ("succeeded", "failed")}
     stats = await worker.run(install_signal_handlers=False)
 
     assert stats.outcomes["succeeded"] == 28 and stats.outcomes["failed"] == 2
+    # the metric counted them as succeeded (the handler's outcome), not as recorded
+    assert outcomes("succeeded") - before["succeeded"] == 28
+    assert outcomes("failed") - before["failed"] == 2
     assert set(runs.values()) == {1}  # nothing ran twice
     with psycopg.connect(db_dsn) as conn:
         rows = conn.execute(
