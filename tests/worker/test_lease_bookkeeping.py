@@ -15,7 +15,7 @@ import pgqueue
 from pgqueue import JobSpec
 from pgqueue.db import queries
 from pgqueue.settings import Settings
-from pgqueue.worker.completer import success_batch
+from pgqueue.worker.completer import held_leases, success_batch
 from pgqueue.worker.runtime import Worker, _job_from_row
 
 CLAIM = {"limit": 2, "worker_id": "w", "lease_seconds": 60}
@@ -85,3 +85,25 @@ async def test_a_burst_worker_runs_the_jobs_its_rescuer_puts_back(db_dsn: str) -
                 "SELECT count(*) FROM pgqueue.jobs WHERE state <> 'succeeded'"
             ).fetchone()
         assert left[0] == 0
+
+
+def test_a_heartbeat_skips_a_row_another_transaction_holds(db_dsn: str) -> None:
+    """A heartbeat waited for rows a batched completion had locked, while the completion
+    waited for rows the heartbeat had locked (each in its own heap order): a deadlock, seen
+    once by a tester under stress. The heartbeat now never waits: it skips a locked row (and
+    extends the lease at its next round)."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        pgqueue.enqueue_many(
+            conn, [JobSpec("t", "scheduled", {"n": i}, kind="pgqueue.noop") for i in range(2)]
+        )
+        first, second = (_job_from_row(dict(r)) for r in queries.run(conn, "job_claim", CLAIM))
+    with psycopg.connect(db_dsn) as other:
+        other.execute("SET lock_timeout = '5s'")
+        other.execute("SELECT 1 FROM pgqueue.jobs WHERE id = %s FOR UPDATE", (first.id,))
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            conn.execute("SET lock_timeout = '2s'")  # a wait would fail the test, not hang it
+            rows = queries.run(
+                conn, "job_heartbeat", {**held_leases([first, second]), "lease_seconds": 60}
+            )
+        assert [r["id"] for r in rows] == [second.id]
+        other.rollback()

@@ -116,13 +116,22 @@ WHERE id = %(id)s AND tenant_id = %(tenant_id)s
 -- The leases are ONE jsonb object {"<id>": [tenant_id, lease_token], ...}
 -- (pgqueue.worker.completer.held_leases), the rows found by `id = ANY (ids)` on jobs_pkey,
 -- as in job_complete_many: joined to arrays of leases, the update was planned as a scan of
--- every entry of jobs_running_lease_idx, dead ones included.
+-- every entry of jobs_running_lease_idx, dead ones included. A row another transaction has
+-- locked is skipped, not waited for (it is being completed or retried, or the next heartbeat
+-- extends it): waiting, a heartbeat and a batched completion could lock the same rows in
+-- opposite orders and deadlock.
+WITH held AS (  -- locked by this statement: their TIDs cannot change before the update
+    SELECT j.ctid AS row_id
+    FROM pgqueue.jobs j
+    WHERE j.id = ANY (ARRAY(SELECT k::bigint FROM jsonb_object_keys(%(held)s::jsonb) AS k))
+      AND j.state::text = 'running'
+      AND j.tenant_id = %(held)s::jsonb -> j.id::text ->> 0
+      AND j.lease_token = (%(held)s::jsonb -> j.id::text ->> 1)::uuid
+    FOR UPDATE SKIP LOCKED
+)
 UPDATE pgqueue.jobs j
 SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
-WHERE j.id = ANY (ARRAY(SELECT k::bigint FROM jsonb_object_keys(%(held)s::jsonb) AS k))
-  AND j.state::text = 'running'
-  AND j.tenant_id = %(held)s::jsonb -> j.id::text ->> 0
-  AND j.lease_token = (%(held)s::jsonb -> j.id::text ->> 1)::uuid
+WHERE j.ctid = ANY (ARRAY(SELECT held.row_id FROM held))
 RETURNING j.id
 
 -- name: job_rescue :many
