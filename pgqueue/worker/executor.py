@@ -53,8 +53,34 @@ async def _call(handler: Handler, job: Job) -> Any:
     return result
 
 
+#: The largest token count a job row holds (``integer`` columns).
+MAX_TOKENS = 2_147_483_647
+
+
+def _bad_handler_result(returned: HandlerResult) -> str | None:
+    """Why a ``HandlerResult`` cannot be stored as it is, or None. Found by a tester: a list
+    result was stored, a negative token count was charged to the tenant, 1.5 tokens became 2,
+    and a count past the integer range failed the job after it had succeeded."""
+    if returned.result is not None and not isinstance(returned.result, dict):
+        kind = type(returned.result).__name__
+        return f"handler returned HandlerResult with a {kind} result; expected dict or None"
+    for name in ("input_tokens", "output_tokens"):
+        value = getattr(returned, name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
+            return (
+                f"handler returned HandlerResult with {name}={value!r}; "
+                f"expected an integer from 0 to {MAX_TOKENS}, or None"
+            )
+    return None
+
+
 def _to_success(returned: Any) -> Outcome:
     if isinstance(returned, HandlerResult):
+        problem = _bad_handler_result(returned)
+        if problem is not None:
+            return Failed(problem, retry_in_seconds=0.0, permanent=True)
         return Succeeded(
             returned.result, returned.input_tokens, returned.output_tokens, returned.headers
         )

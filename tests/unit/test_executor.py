@@ -150,3 +150,41 @@ async def test_a_handler_delay_is_made_storable(raised, check):
 
     outcome = await execute(job("raise.it"), r, SETTINGS, random.Random(0))
     assert check(outcome), outcome
+
+
+@pytest.mark.parametrize(
+    ("returned", "reason"),
+    [
+        (HandlerResult([1, 2]), "a list result"),  # type: ignore[arg-type]
+        (HandlerResult("text"), "a str result"),  # type: ignore[arg-type]
+        (HandlerResult({}, input_tokens=-5), "input_tokens=-5"),
+        (HandlerResult({}, output_tokens=1.5), "output_tokens=1.5"),  # type: ignore[arg-type]
+        (HandlerResult({}, input_tokens=True), "input_tokens=True"),
+        (HandlerResult({}, output_tokens=2**40), f"output_tokens={2**40}"),
+    ],
+)
+def test_a_handler_result_that_cannot_be_stored_fails_for_good(
+    returned: HandlerResult, reason: str
+) -> None:
+    """Found by a tester: these were stored as they came (a list result, a negative count
+    charged to the tenant, 1.5 tokens rounded) or failed the job after it had succeeded."""
+    r = Registry()
+
+    @r.handler("odd.result")
+    async def odd(j: Job) -> HandlerResult:
+        return returned
+
+    outcome = asyncio.run(execute(job("odd.result"), r, Settings(), random.Random(0)))
+    assert isinstance(outcome, Failed) and outcome.permanent
+    assert reason in outcome.error
+
+
+def test_a_handler_result_at_the_limits_succeeds() -> None:
+    r = Registry()
+
+    @r.handler("edge.result")
+    async def edge(j: Job) -> HandlerResult:
+        return HandlerResult(None, input_tokens=0, output_tokens=2_147_483_647)
+
+    outcome = asyncio.run(execute(job("edge.result"), r, Settings(), random.Random(0)))
+    assert outcome == Succeeded(None, 0, 2_147_483_647)
