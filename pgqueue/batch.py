@@ -26,7 +26,10 @@ from pgqueue.validation import (
 
 @dataclass(frozen=True, slots=True)
 class JobSpec:
-    """One job for :func:`enqueue_many`; the fields mean what :func:`enqueue`'s arguments do."""
+    """One job for :func:`enqueue_many`; the fields mean what :func:`enqueue`'s arguments do.
+
+    A batch takes the defaults of the rest: ``max_attempts`` 5, due now, no ``dedupe_key``
+    (use :func:`enqueue` for a job that needs one of those)."""
 
     tenant_id: str
     origin: Origin | str

@@ -142,7 +142,7 @@ class BenchOptions:
 def parse_int_list(text: str, name: str) -> tuple[int, ...]:
     """``"1,2,4"`` → ``(1, 2, 4)``; raises :class:`InvalidArgument` on anything else."""
     try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
+        values = tuple(int(x) for x in text.split(","))
     except ValueError:
         raise InvalidArgument(f"{name} expects comma-separated integers, got {text!r}") from None
     if not values:

@@ -279,6 +279,7 @@ def bench(
     the machine. Scratch databases (pgq_bench_*) are dropped at the end.
     """
     from pgqueue import bench as b
+    from pgqueue.errors import InvalidArgument
 
     options = b.BenchOptions(
         jobs=jobs,
@@ -294,6 +295,9 @@ def bench(
         parts=tuple(x.strip() for x in only.split(",")) if only else b.PARTS,
     )
     options.check()
+    for out in (json_out, plot):  # before a run of minutes, not after it
+        if out is not None and not out.parent.is_dir():
+            raise InvalidArgument(f"{out}: the folder {out.parent} does not exist")
     target = _dsn(_settings(), dsn)
     report = b.run(target, options, progress=lambda msg: err_console.print(msg, highlight=False))
     for table in b.render(report):

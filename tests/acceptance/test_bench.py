@@ -29,6 +29,11 @@ def test_bad_options_exit_2() -> None:
     assert result.exit_code == 2
     result = runner.invoke(app, ["bench", "--peer", "procrastinate"])
     assert result.exit_code == 2
+    result = runner.invoke(app, ["bench", "--procs", "1,,1"])  # was read as 1,1
+    assert result.exit_code == 2
+    # found by a tester: the whole run came first, then exit 2 and the results were lost
+    result = runner.invoke(app, ["bench", "--json-out", "/nonexistent/dir/x.json"])
+    assert result.exit_code == 2 and "does not exist" in result.output
 
 
 @pytest.mark.slow

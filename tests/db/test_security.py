@@ -101,3 +101,18 @@ def test_worker_role_can_run_the_whole_life_cycle(db_dsn, roles):
         )
         assert conn.execute("SELECT sum(input_tokens) FROM pgqueue.usage_daily").fetchone()[0] == 10
         queries.run(conn, "job_rescue", {"limit": 10, "lock_key": 1})
+
+
+def test_one_grant_leaves_no_function_executable_by_public(db_dsn: str) -> None:
+    """Found by a tester: the tenant-scope trigger function, created by `pgqueue grant` after
+    its REVOKE, stayed executable by PUBLIC until a second grant."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        queries.run(conn, "security_grant")
+        public: list[tuple[str]] = conn.execute(
+            """
+            SELECT p.proname FROM pg_proc p
+            WHERE p.pronamespace = 'pgqueue'::regnamespace
+              AND has_function_privilege('public', p.oid, 'EXECUTE')
+            """
+        ).fetchall()
+    assert public == []

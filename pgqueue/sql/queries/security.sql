@@ -67,6 +67,10 @@ BEGIN
         AFTER INSERT ON pgqueue.jobs
         REFERENCING NEW TABLE AS new_rows
         FOR EACH STATEMENT EXECUTE FUNCTION pgqueue.jobs_tenant_scope();
+    -- Created after the REVOKE above, it starts executable by PUBLIC (found by a tester:
+    -- only a second `pgqueue grant` revoked it).
+    REVOKE EXECUTE ON FUNCTION pgqueue.jobs_tenant_scope() FROM PUBLIC;
+    GRANT EXECUTE ON FUNCTION pgqueue.jobs_tenant_scope() TO pgqueue_worker, pgqueue_admin;
 
     -- Row-level security: producers see their tenant's rows only; workers and admins all.
     ALTER TABLE pgqueue.jobs ENABLE ROW LEVEL SECURITY;
