@@ -7,6 +7,7 @@ wherever it is not handled.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -74,6 +75,29 @@ class Job:
     lease_token: str
     model: str | None = None
     est_input_tokens: int = 0
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Job:
+        """The job of one row of the named query ``job_claim`` (a dict row)."""
+        return cls(
+            id=row["id"],
+            tenant_id=row["tenant_id"],
+            kind=row["kind"],
+            priority=_TIERS[row["priority"]],  # a dict lookup; Tier(value) costs more
+            payload=row["payload"],
+            cost=float(row["cost"]),
+            attempts=row["attempts"],
+            max_attempts=row["max_attempts"],
+            throttle_retries=row["throttle_retries"],
+            enqueued_at=row["enqueued_at"],
+            lease_token=row["lease_token"],
+            model=row["model"],
+            est_input_tokens=row["est_input_tokens"],
+        )
+
+
+#: Tier by its stored name.
+_TIERS: dict[str, Tier] = {tier.value: tier for tier in Tier}
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from pgqueue.db import queries
+from pgqueue.models import Deferred, Failed, Interrupted, Outcome, Succeeded, Throttled
 
 #: Latency buckets (seconds) that resolve the SLOs 2 s / 6 s / 120 s.
 LATENCY_BUCKETS_SECONDS = (
@@ -76,24 +77,48 @@ OUTCOMES = Counter(
 )
 
 
-_OUTCOME_CHILDREN: dict[str, Any] = {}
-
-
-def outcome_counter(outcome: str) -> Any:
-    """``OUTCOMES.labels(outcome)``, kept: ``labels()`` takes a lock and builds a key per call,
-    a visible part of a no-op job's cost on the worker."""
-    child = _OUTCOME_CHILDREN.get(outcome)
-    if child is None:
-        child = _OUTCOME_CHILDREN.setdefault(outcome, OUTCOMES.labels(outcome))
-    return child
-
-
 RETRIES = Counter(
     "pgqueue_retries",
     "Jobs sent back to the queue by reason (error, throttle, shutdown, deferred).",
     ["reason"],
     registry=WORKER_REGISTRY,
 )
+
+
+_OUTCOME_CHILDREN: dict[str, Any] = {}
+
+
+def count_outcome(outcome: Outcome, state: str | None) -> None:
+    """Count one recorded outcome (``OUTCOMES``: succeeded, failed, throttled, deferred,
+    interrupted, lease_lost), and the reason when the job went back to the queue
+    (``RETRIES``). ``state`` is what was recorded: None when the lease was lost; a success
+    whose result could not be stored counts as failed.
+
+    The labelled children are kept: ``labels()`` takes a lock and builds a key per call, a
+    visible part of a no-op job's cost on the worker.
+    """
+    if state is None:
+        name = "lease_lost"
+    elif state == "failed" and isinstance(outcome, Succeeded):
+        name = "failed"
+    else:
+        name = type(outcome).__name__.lower()
+    child = _OUTCOME_CHILDREN.get(name)
+    if child is None:
+        child = _OUTCOME_CHILDREN.setdefault(name, OUTCOMES.labels(name))
+    child.inc()
+    if state != "queued":
+        return
+    if isinstance(outcome, Failed):
+        RETRIES.labels("error").inc()
+    elif isinstance(outcome, Throttled):
+        RETRIES.labels("throttle").inc()
+    elif isinstance(outcome, Interrupted):
+        RETRIES.labels("shutdown").inc()
+    elif isinstance(outcome, Deferred):
+        RETRIES.labels("deferred").inc()
+
+
 RATELIMIT_WAITS = Counter(
     "pgqueue_ratelimit_waits",
     "Claims stopped because the provider's limits had no room for the next job.",

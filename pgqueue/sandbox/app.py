@@ -6,8 +6,9 @@ tell — auth, minimal validation, usage accounting, per-minute rate limits with
 JSON — plus scripted faults and an admin API (``/_sandbox/*``) for tests and benchmarks.
 The real ``anthropic`` SDK talks to it unchanged via ``base_url``.
 
-Rate-limit accounting lives in :mod:`pgqueue.sandbox.limits`; running the app under
-uvicorn lives in :mod:`pgqueue.sandbox.server`.
+Rate-limit accounting lives in :mod:`pgqueue.sandbox.limits`, the shapes of requests and
+answers in :mod:`pgqueue.sandbox.messages`; running the app under uvicorn lives in
+:mod:`pgqueue.sandbox.server`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ from pgqueue.sandbox.limits import (
     RateLimiter,
     RateLimits,
 )
+from pgqueue.sandbox.messages import (
+    CHARS_PER_TOKEN,
+    count_input_tokens,
+    error_body,
+    filler_text,
+    output_token_count,
+    validation_error,
+)
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -50,28 +59,10 @@ __all__ = [
     "rfc3339",
 ]
 
-#: Characters per token for the sandbox's token estimate (Anthropic's rule of thumb).
-CHARS_PER_TOKEN = 4
-
 #: How far back ``GET /_sandbox/stats`` lists admission timestamps, in seconds.
 STATS_WINDOW_SECONDS = 600.0
 
-#: Anthropic error ``type`` per HTTP status (see the API's "Errors" page).
-_ERROR_TYPES: dict[int, str] = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    529: "overloaded_error",
-}
-
 _MODELS = ("claude-sonnet-4-5", "claude-haiku-4-5", "claude-opus-4-1")
-
-_FILLER = "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor. "
 
 
 def _check_status(status: int, what: str) -> None:
@@ -163,88 +154,9 @@ class ScriptedFault:
         _check_status(self.status, "status")
 
 
-def error_body(status: int, message: str) -> dict[str, Any]:
-    """Anthropic's error JSON for ``status``: ``{"type": "error", "error": {...}}``."""
-    kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": message}}
-
-
-def _texts(value: object) -> list[str]:
-    """Text pieces of a ``system`` / message ``content`` value (string or list of blocks)."""
-    if isinstance(value, str):
-        return [value]
-    out: list[str] = []
-    if isinstance(value, list):
-        for block in value:
-            if isinstance(block, dict):
-                text = block.get("text")
-                if isinstance(text, str):
-                    out.append(text)
-                out.extend(_texts(block.get("content")))  # e.g. tool_result blocks
-            elif isinstance(block, str):
-                out.append(block)
-    return out
-
-
-def count_input_tokens(body: dict[str, Any]) -> int:
-    """Estimate a request's input tokens: ``ceil(characters / 4)``.
-
-    Counts the text of ``system`` (string or list of text blocks) and of every message's
-    ``content`` (string or list of blocks with ``"text"``). Four characters per token is
-    the rule of thumb in Anthropic's docs; the real tokenizer differs.
-    """
-    chars = sum(len(t) for t in _texts(body.get("system")))
-    for message in body.get("messages") or []:
-        if isinstance(message, dict):
-            chars += sum(len(t) for t in _texts(message.get("content")))
-    return math.ceil(chars / CHARS_PER_TOKEN)
-
-
-def output_token_count(max_tokens: int, output_ratio: float) -> int:
-    """Output tokens of one answer: ``max(1, ceil(max_tokens * output_ratio))``, <= max_tokens."""
-    return min(max_tokens, max(1, math.ceil(max_tokens * output_ratio)))
-
-
-def filler_text(tokens: int) -> str:
-    """Filler of exactly ``tokens * 4`` characters, i.e. ``tokens`` tokens by our estimate."""
-    n = tokens * CHARS_PER_TOKEN
-    return (_FILLER * (n // len(_FILLER) + 1))[:n]
-
-
 def rfc3339(epoch_seconds: float) -> str:
     """RFC 3339 UTC timestamp, rounded up to the whole second, e.g. ``2025-01-01T00:01:00Z``."""
     return datetime.fromtimestamp(math.ceil(epoch_seconds), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _validation_error(body: object, *, need_max_tokens: bool) -> str | None:
-    """The first problem with a request body, as the API would word it, or None."""
-    if not isinstance(body, dict):
-        return "request body must be a JSON object"
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        return "model: field required (non-empty string)"
-    if need_max_tokens:
-        max_tokens = body.get("max_tokens")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
-            return "max_tokens: field required (integer)"
-        if max_tokens <= 0:
-            return "max_tokens: must be greater than or equal to 1"
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return "messages: field required (non-empty list)"
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            return f"messages.{i}: must be an object"
-        if message.get("role") not in ("user", "assistant"):
-            return f"messages.{i}.role: must be 'user' or 'assistant'"
-        if not isinstance(message.get("content"), str | list):
-            return f"messages.{i}.content: must be a string or a list of content blocks"
-    system = body.get("system")
-    if system is not None and not isinstance(system, str | list):
-        return "system: must be a string or a list of text blocks"
-    if body.get("stream"):
-        return "stream: streaming is not supported by the pgqueue sandbox"
-    return None
 
 
 class SandboxState:
@@ -424,7 +336,7 @@ def create_app(
         if not _authenticated(request):
             return _error(401, "x-api-key header or Authorization: Bearer token is required")
         body, problem = await _json_body(request)
-        problem = problem or _validation_error(body, need_max_tokens=True)
+        problem = problem or validation_error(body, need_max_tokens=True)
         if problem is not None or not isinstance(body, dict):
             return _error(400, problem or "invalid request", state.ratelimit_headers())
 
@@ -473,7 +385,7 @@ def create_app(
         if not _authenticated(request):
             return _error(401, "x-api-key header or Authorization: Bearer token is required")
         body, problem = await _json_body(request)
-        problem = problem or _validation_error(body, need_max_tokens=False)
+        problem = problem or validation_error(body, need_max_tokens=False)
         if problem is not None or not isinstance(body, dict):
             return _error(400, problem or "invalid request")
         return JSONResponse({"input_tokens": count_input_tokens(body)})

@@ -33,14 +33,6 @@ log = logging.getLogger("pgqueue.worker")
 #: The longest error text recorded for a job.
 _MAX_ERROR_CHARS = 2000
 
-#: The error classes worth retrying on the claim and completion paths (see :func:`is_transient`
-#: for which of their members are).
-TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
-    psycopg.OperationalError,
-    psycopg.errors.DeadlockDetected,
-    psycopg.errors.SerializationFailure,
-)
-
 #: SQLSTATE classes of an ``OperationalError`` that another try can get past: connection
 #: exception (08), insufficient resources (53), operator intervention (57: shutdown, cannot
 #: connect now), system error (58). Not program limit exceeded (54: a value too large for
@@ -88,7 +80,7 @@ async def run_named(
         async with pool.connection() as conn:
             rows = await queries.arun(conn, name, params)
         return rows
-    except TRANSIENT_ERRORS as exc:
+    except Exception as exc:
         if not is_transient(exc):
             raise
     async for attempt in transient_retry():
@@ -110,12 +102,6 @@ def success_batch(successes: Iterable[Success]) -> dict[str, Jsonb]:
     the statement is sent (a result ``json`` cannot encode fails that statement: the completer
     then records the jobs one by one, so that only that job fails)."""
     return {"batch": Jsonb({str(s[0]): [s[1], s[2], s[3], s[4], s[5]] for s in successes})}
-
-
-def held_leases(jobs: Iterable[Job]) -> dict[str, Jsonb]:
-    """The ``held`` parameter of the named query ``job_heartbeat``: the leases ``jobs`` hold,
-    as ONE jsonb object ``{"<id>": [tenant_id, lease_token]}``."""
-    return {"held": Jsonb({str(j.id): [j.tenant_id, j.lease_token] for j in jobs})}
 
 
 class Completer:

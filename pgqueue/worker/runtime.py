@@ -30,18 +30,15 @@ from pgqueue.db.migrate import check_schema
 from pgqueue.handlers.anthropic import KIND as ANTHROPIC_KIND
 from pgqueue.handlers.anthropic import AnthropicMessagesHandler
 from pgqueue.handlers.registry import NOOP_KIND, Registry, noop
-from pgqueue.models import Deferred, Failed, Interrupted, Job, Outcome, Succeeded, Throttled, Tier
+from pgqueue.models import Interrupted, Job, Outcome
 from pgqueue.observability import metrics
 from pgqueue.settings import Settings
-from pgqueue.worker import upkeep
-from pgqueue.worker.completer import Completer, held_leases, run_named, transient_retry
+from pgqueue.worker import leases, upkeep
+from pgqueue.worker.completer import Completer, run_named, transient_retry
 from pgqueue.worker.executor import execute
 from pgqueue.worker.notifier import Notifier
 
 log = logging.getLogger("pgqueue.worker")
-
-#: Advisory-lock key that makes one worker at a time the rescuer ("pgqueue" + "rescue").
-RESCUE_LOCK_KEY = 0x7067_7175_6575_5253
 
 
 def builtin_registry(settings: Settings) -> Registry:
@@ -65,54 +62,6 @@ class WorkerStats:
     outcomes: Counter[str] = field(default_factory=Counter)
     lost_leases: int = 0
     rescued: int = 0
-
-
-#: Outcome label by outcome class (``succeeded``, ...): computed once, not per job.
-_OUTCOME_NAMES: dict[type, str] = {}
-
-
-def _count_outcome(outcome: Outcome, state: str | None) -> None:
-    """Count one recorded outcome, and the reason when the job went back to the queue."""
-    if state is None:
-        name = "lease_lost"
-    elif state == "failed" and isinstance(outcome, Succeeded):
-        name = "failed"  # a result that could not be stored failed the job
-    else:
-        kind = type(outcome)
-        name = _OUTCOME_NAMES.get(kind) or _OUTCOME_NAMES.setdefault(kind, kind.__name__.lower())
-    metrics.outcome_counter(name).inc()
-    if state != "queued":
-        return
-    if isinstance(outcome, Failed):
-        metrics.RETRIES.labels("error").inc()
-    elif isinstance(outcome, Throttled):
-        metrics.RETRIES.labels("throttle").inc()
-    elif isinstance(outcome, Interrupted):
-        metrics.RETRIES.labels("shutdown").inc()
-    elif isinstance(outcome, Deferred):
-        metrics.RETRIES.labels("deferred").inc()
-
-
-#: Tier by its stored name (a dict lookup; ``Tier(value)`` costs more, once per job).
-_TIERS: dict[str, Tier] = {tier.value: tier for tier in Tier}
-
-
-def _job_from_row(row: dict[str, Any]) -> Job:
-    return Job(
-        id=row["id"],
-        tenant_id=row["tenant_id"],
-        kind=row["kind"],
-        priority=_TIERS[row["priority"]],
-        payload=row["payload"],
-        cost=float(row["cost"]),
-        attempts=row["attempts"],
-        max_attempts=row["max_attempts"],
-        throttle_retries=row["throttle_retries"],
-        enqueued_at=row["enqueued_at"],
-        lease_token=row["lease_token"],
-        model=row["model"],
-        est_input_tokens=row["est_input_tokens"],
-    )
 
 
 class Worker:
@@ -339,7 +288,7 @@ class Worker:
                 metrics.RATELIMIT_WAITS.inc()
                 continue
             claimed += 1
-            job = _job_from_row(row)
+            job = Job.from_row(row)
             by_tier[job.priority.value] += 1
             task = asyncio.create_task(self._run_job(job), name=f"pgqueue-job-{job.id}")
             self._inflight[job.id] = (job, task)
@@ -382,7 +331,7 @@ class Worker:
                 log.exception("job %s: could not record its outcome; the rescuer will", job.id)
                 state = None
             self.stats.outcomes[state or "lease_lost"] += 1
-            _count_outcome(outcome, state)
+            metrics.count_outcome(outcome, state)
         finally:
             self._flushing.pop(job.id, None)
             self._recording.discard(job.id)
@@ -420,23 +369,17 @@ class Worker:
         A job whose outcome is being written is not flagged: its write may have committed
         while the heartbeat waited (the completer reports a lost lease itself)."""
         assert self._pool is not None
-        held_jobs = [*self._inflight.values(), *self._flushing.values()]
-        jobs = [job for job, _task in held_jobs]
+        jobs = [job for job, _task in (*self._inflight.values(), *self._flushing.values())]
         if not jobs:
             return
-        params = {**held_leases(jobs), "lease_seconds": self.settings.lease_seconds}
-        try:
-            async with self._pool.connection() as conn:
-                rows = await queries.arun(conn, "job_heartbeat", params)
-        except psycopg.Error as exc:
-            log.warning("heartbeat failed (%s); will retry", exc)
+        held = await leases.extend(self._pool, jobs, self.settings.lease_seconds)
+        if held is None:
             return
-        held = {r["id"] for r in rows}
         for job in jobs:
-            running = job.id in self._inflight or job.id in self._flushing
+            # flushing jobs are recording: only a handler still running can lose its lease
             if (
                 job.id not in held
-                and running
+                and job.id in self._inflight
                 and job.id not in self._recording
                 and job.id not in self._lost
             ):
@@ -457,14 +400,8 @@ class Worker:
         (0 on a database error). A burst worker also runs it before exiting, so that it does not
         leave rescued work behind."""
         assert self._pool is not None
-        try:
-            async with self._rescue_lock, self._pool.connection() as conn:
-                rows = await queries.arun(
-                    conn, "job_rescue", {"limit": 1000, "lock_key": RESCUE_LOCK_KEY}
-                )
-        except psycopg.Error as exc:
-            log.warning("rescue failed (%s); will retry", exc)
-            return 0
+        async with self._rescue_lock:
+            rows = await leases.rescue(self._pool)
         if rows:
             self.stats.rescued += len(rows)
             metrics.RESCUED.inc(len(rows))

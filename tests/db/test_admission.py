@@ -444,7 +444,8 @@ def test_counter_storm_four_producers_two_workers(db_dsn):
     import random
 
     from pgqueue.settings import Settings
-    from pgqueue.worker.runtime import RESCUE_LOCK_KEY, Worker
+    from pgqueue.worker.leases import RESCUE_LOCK_KEY
+    from pgqueue.worker.runtime import Worker
 
     _admin(db_dsn, "standard", tenant_max_queued=60, policy="drop")
     _admin(db_dsn, "batch", max_queued=150, policy="reject")

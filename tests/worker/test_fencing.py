@@ -16,7 +16,7 @@ from psycopg.types.json import Jsonb
 
 import pgqueue
 from pgqueue.db import queries
-from pgqueue.worker.runtime import RESCUE_LOCK_KEY
+from pgqueue.worker.leases import RESCUE_LOCK_KEY
 
 TENANT = "tenant-fence"
 PAYLOAD = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}

@@ -14,9 +14,11 @@ from psycopg_pool import AsyncConnectionPool
 import pgqueue
 from pgqueue import JobSpec
 from pgqueue.db import queries
+from pgqueue.models import Job
 from pgqueue.settings import Settings
-from pgqueue.worker.completer import held_leases, success_batch
-from pgqueue.worker.runtime import Worker, _job_from_row
+from pgqueue.worker.completer import success_batch
+from pgqueue.worker.leases import held_leases
+from pgqueue.worker.runtime import Worker
 
 CLAIM = {"limit": 2, "worker_id": "w", "lease_seconds": 60}
 
@@ -38,7 +40,7 @@ async def test_a_job_completed_while_the_heartbeat_waited_is_not_a_lost_lease(
         )
         rows = queries.run(conn, "job_claim", CLAIM)
         assert len(rows) == 2
-        done, lost = (_job_from_row(dict(r)) for r in rows)
+        done, lost = (Job.from_row(r) for r in rows)
         # both leases are gone from the database: `done` by this worker's own completion,
         # `lost` by someone else (a rescue and another claim, say)
         batch = success_batch(
@@ -96,7 +98,7 @@ def test_a_heartbeat_skips_a_row_another_transaction_holds(db_dsn: str) -> None:
         pgqueue.enqueue_many(
             conn, [JobSpec("t", "scheduled", {"n": i}, kind="pgqueue.noop") for i in range(2)]
         )
-        first, second = (_job_from_row(dict(r)) for r in queries.run(conn, "job_claim", CLAIM))
+        first, second = (Job.from_row(r) for r in queries.run(conn, "job_claim", CLAIM))
     with psycopg.connect(db_dsn) as other:
         other.execute("SET lock_timeout = '5s'")
         other.execute("SELECT 1 FROM pgqueue.jobs WHERE id = %s FOR UPDATE", (first.id,))

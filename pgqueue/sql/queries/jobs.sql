@@ -114,7 +114,7 @@ WHERE id = %(id)s AND tenant_id = %(tenant_id)s
 -- name: job_heartbeat :many
 -- Extends the leases this worker still holds; returns the ids whose lease it still holds.
 -- The leases are ONE jsonb object {"<id>": [tenant_id, lease_token], ...}
--- (pgqueue.worker.completer.held_leases), the rows found by `id = ANY (ids)` on jobs_pkey,
+-- (pgqueue.worker.leases.held_leases), the rows found by `id = ANY (ids)` on jobs_pkey,
 -- as in job_complete_many: joined to arrays of leases, the update was planned as a scan of
 -- every entry of jobs_running_lease_idx, dead ones included. A row another transaction has
 -- locked is skipped, not waited for (it is being completed or retried, or the next heartbeat

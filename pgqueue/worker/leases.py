@@ -1,0 +1,64 @@
+"""Leases in the database: extending the ones a worker holds (heartbeat) and putting back the
+jobs whose lease expired (rescue). What the worker concludes from the answers stays in
+:mod:`pgqueue.worker.runtime`.
+
+Every write is fenced by the lease token (``docs/operations.md``); a database error is logged
+and the next round tries again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from pgqueue.db import queries
+from pgqueue.models import Job
+
+log = logging.getLogger("pgqueue.worker")
+
+#: Advisory-lock key that makes one worker at a time the rescuer ("pgqueue" + "rescue").
+RESCUE_LOCK_KEY = 0x7067_7175_6575_5253
+
+
+def held_leases(jobs: Iterable[Job]) -> dict[str, Jsonb]:
+    """The ``held`` parameter of the named query ``job_heartbeat``: the leases ``jobs`` hold,
+    as ONE jsonb object ``{"<id>": [tenant_id, lease_token]}``."""
+    return {"held": Jsonb({str(j.id): [j.tenant_id, j.lease_token] for j in jobs})}
+
+
+async def extend(
+    pool: AsyncConnectionPool[Any], jobs: list[Job], lease_seconds: float
+) -> set[int] | None:
+    """Extend the leases of ``jobs`` to ``lease_seconds`` from now (database clock).
+
+    Returns the ids whose lease is still held (a row another transaction has locked is
+    skipped this round), or None when the database could not be asked (logged).
+    """
+    params = {**held_leases(jobs), "lease_seconds": lease_seconds}
+    try:
+        async with pool.connection() as conn:
+            rows = await queries.arun(conn, "job_heartbeat", params)
+    except psycopg.Error as exc:
+        log.warning("heartbeat failed (%s); will retry", exc)
+        return None
+    return {r["id"] for r in rows}
+
+
+async def rescue(pool: AsyncConnectionPool[Any], limit: int = 1000) -> list[dict[str, Any]]:
+    """Put back (or fail, once their attempts are spent) up to ``limit`` jobs whose lease
+    expired; one rescuer at a time across workers (``RESCUE_LOCK_KEY``). Returns their
+    ``id`` and new ``state``; an empty list on a database error (logged)."""
+    try:
+        async with pool.connection() as conn:
+            rows: list[dict[str, Any]] = await queries.arun(
+                conn, "job_rescue", {"limit": limit, "lock_key": RESCUE_LOCK_KEY}
+            )
+    except psycopg.Error as exc:
+        log.warning("rescue failed (%s); will retry", exc)
+        return []
+    return rows
