@@ -43,11 +43,14 @@ async def prune(pool: Pool, older_than_seconds: float) -> None:
 
 
 async def compact_loop(pool: Pool, interval: float, rng: random.Random) -> None:
-    """Fold the queued counters' delta rows (admission control) every ``interval`` seconds."""
+    """Fold the queued counters' delta rows (admission control) every ``interval`` seconds:
+    first the claims' own rows become ordinary rows (a short statement under the scheduler's
+    lock, in a transaction of its own), then every unheld row is folded into one per key."""
 
     async def step() -> bool:
         try:
             async with pool.connection() as conn:
+                await queries.arun(conn, "queue_counts_release_claims")
                 await queries.arun(conn, "queue_counts_compact", {"max_rows": 10000})
         except psycopg.Error as exc:
             log.warning("counter compaction failed (%s); will retry", exc)

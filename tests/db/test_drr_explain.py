@@ -363,9 +363,15 @@ def test_the_claim_is_never_jit_compiled(db_dsn):
 
 
 def test_a_claim_charges_no_usage_and_writes_counters_once(db_dsn):
-    """Revision 0012: a claim's batch write fires one statement trigger, which updates the
-    queued counters and, with no success among the rows, never touches the usage table (the
-    separate usage trigger joined the transition tables on every claim)."""
+    """Revision 0012: a claim's batch write fires one statement trigger, and with no success
+    among the rows it never touches the usage table (the separate usage trigger joined the
+    transition tables on every claim). Revision 0017: the batch write counts its own rows into
+    the keys' claim rows, by the unique key index, and the trigger does nothing for it."""
     plans = _plans_of_one_claim(db_dsn)
     assert not [p for p in plans if "usage_daily" in p], plans
-    assert len([p for p in plans if "SELECT pgqueue.queue_counts_add(" in p]) == 1, plans
+    assert not [p for p in plans if "queue_counts_add" in p], plans
+    assert not [p for p in plans if "SELECT array_agg(g.tier)" in p], plans
+    writes = [p for p in plans if "Insert on queue_counts" in p]
+    assert len(writes) == 1, plans
+    assert "Conflict Arbiter Indexes: queue_counts_claim_key_idx" in writes[0], writes
+    assert "Seq Scan on queue_counts" not in writes[0], writes

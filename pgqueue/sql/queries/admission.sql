@@ -33,3 +33,9 @@ FROM pgqueue.jobs j
 WHERE j.state = 'queued'
 GROUP BY GROUPING SETS ((j.priority, j.tenant_id), (j.priority))
 ORDER BY 1, 2 NULLS FIRST
+
+-- name: queue_counts_release_claims :one
+-- Turn the claims' own counter rows (one per key, revision 0017) into ordinary rows, which
+-- queue_counts_compact then folds; under the scheduler's lock, so it waits for a claim under
+-- way (run it in a transaction of its own).
+SELECT pgqueue.queue_counts_release_claims() AS released
