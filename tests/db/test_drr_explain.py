@@ -375,3 +375,16 @@ def test_a_claim_charges_no_usage_and_writes_counters_once(db_dsn):
     assert len(writes) == 1, plans
     assert "Conflict Arbiter Indexes: queue_counts_claim_key_idx" in writes[0], writes
     assert "Seq Scan on queue_counts" not in writes[0], writes
+
+
+def test_a_claim_that_folds_a_new_pair_runs_no_statement_it_can_skip(db_dsn):
+    """Revision 0018: the refill offset of a new (tier, tenant) pair is inlined into the fold
+    (declared IMMUTABLE around a STABLE function, it ran as a SQL function of its own, parsed
+    and planned in every such claim), and the first check of a tier whose round the fold found
+    empty does not run the round-head statement, which could only find nothing."""
+    plans = _plans_of_one_claim(db_dsn)
+    texts = [p.split("Query Text:", 1)[1].lstrip() for p in plans if "Query Text:" in p]
+    assert not [t for t in texts if t.startswith("SELECT ('x' ||")], texts
+    assert any("sha256" in t for t in texts if t.startswith("WITH drained")), texts
+    # one round-head load to dispatch, one when the turn of 5 ends (quantum 5, 10 jobs of 1)
+    assert len([t for t in texts if t.startswith("WITH rotated")]) == 2, texts
