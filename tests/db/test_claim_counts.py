@@ -183,3 +183,29 @@ def test_counts_stay_exact_across_0017_down_and_up(db_dsn):
         assert len(queries.run(c, "job_claim", {"limit": 10, **CLAIM})) == 10
         assert _mismatches(c) == []
         assert _claim_rows(c) > 0
+
+
+def test_the_mark_set_outside_a_claim_switches_nothing_off(db_dsn):
+    """Found by a tester: while the mark was the value 'on', a session (or a role, or a
+    database) that set pgqueue.claim_counted made the update trigger skip every write of its
+    own, and the counters drifted until a rebuild. The mark now names the claim's transaction."""
+    _fill(db_dsn, 12)
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        cancel_two = (
+            "UPDATE pgqueue.jobs SET state = 'cancelled', finished_at = now()"
+            " WHERE id IN (SELECT id FROM pgqueue.jobs WHERE state = 'queued' LIMIT 2)"
+        )
+        c.execute("SET pgqueue.claim_counted = 'on'")  # what the mark used to be
+        c.execute(cancel_two)
+        assert _mismatches(c) == []
+        xid = c.execute("SELECT pg_current_xact_id()::text").fetchone()[0]
+        # a past transaction's id, set for the session
+        c.execute("SELECT set_config('pgqueue.claim_counted', %s, false)", (xid,))
+        c.execute(cancel_two)
+        assert _mismatches(c) == []
+        assert len(queries.run(c, "job_claim", {"limit": 3, **CLAIM})) == 3
+        c.execute(
+            "UPDATE pgqueue.jobs SET state = 'cancelled', finished_at = now()"
+            " WHERE id IN (SELECT id FROM pgqueue.jobs WHERE state = 'queued' LIMIT 1)"
+        )
+        assert _mismatches(c) == []

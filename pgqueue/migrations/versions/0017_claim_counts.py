@@ -10,9 +10,9 @@ Now each key has at most one *claim row* (``claim_stripe``), which only claims w
 claims run at once, producers skip it when they choose a row (``queue_counts_add``), and
 ``queue_counts_compact`` leaves it alone, so a claim never waits on it. The claim's batch write
 (the last statement of ``drr_dispatch``) upserts the deltas of the jobs it took into the claim
-rows, and marks the statement (``pgqueue.claim_counted``, transaction-local, cleared right
-after) so that the update trigger does not count those rows again. The depth of a key is still
-``sum(queued)`` over its rows, exact in every snapshot. Measured on the benchmark machine
+rows, and marks the statement (``pgqueue.claim_counted`` set to its transaction's id, locally,
+and cleared right after) so that the update trigger does not count those rows again. The
+depth of a key is still ``sum(queued)`` over its rows, exact in every snapshot. Measured on the benchmark machine
 (``docs/bench.md``): server CPU of a claim of 10 plus its completion −8 %, of the claim −10 %.
 
 ``drr_dispatch`` is revision 0014's, ``jobs_after_update`` 0012's, ``queue_counts_add`` 0016's
@@ -71,11 +71,12 @@ $$"""
 
 # --- drr_dispatch: the batch write counts the jobs it takes
 _RETURN = "    RETURN QUERY\n    WITH flushed AS (\n"
-_RETURN_MARKED = (
-    "    -- The batch write below counts its own rows (revision 0017): the update trigger skips\n"
-    "    -- them while this is set.\n"
-    "    PERFORM set_config('pgqueue.claim_counted', 'on', true);\n" + _RETURN
-)
+_RETURN_MARKED = """    -- The batch write below counts its own rows (revision 0017): the update trigger skips
+    -- them while this names this transaction (a value set any other way never matches).
+    PERFORM set_config('pgqueue.claim_counted', pg_current_xact_id()::text, true);
+    RETURN QUERY
+    WITH flushed AS (
+"""
 _TOOK_END = """        RETURNING x.ord, x.tier, x.round, j
     )
     SELECT took.tier, took.round, took.j FROM took ORDER BY took.ord;
@@ -100,8 +101,9 @@ _TOOK_COUNTED = """        RETURNING x.ord, x.tier, x.round, j
 _TRIGGER_BEGIN = "BEGIN\n    SELECT array_agg(g.tier), array_agg(g.tenant_id), array_agg(g.n)\n"
 _TRIGGER_SKIP = """BEGIN
     -- A claim's batch write (drr_dispatch) counted its rows itself, and none succeeded: nothing
-    -- to do (revision 0017).
-    IF current_setting('pgqueue.claim_counted', true) = 'on' THEN
+    -- to do (revision 0017). The mark names the claim's transaction, so a value left in the
+    -- session (SET, ALTER ROLE) or by another transaction never switches counting off.
+    IF current_setting('pgqueue.claim_counted', true) = pg_current_xact_id()::text THEN
         RETURN NULL;
     END IF;
     SELECT array_agg(g.tier), array_agg(g.tenant_id), array_agg(g.n)
