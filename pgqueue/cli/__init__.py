@@ -88,8 +88,16 @@ def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
             psycopg.errors.UndefinedTable,
             psycopg.errors.InvalidSchemaName,
             psycopg.errors.UndefinedFunction,
-        ):
-            _say("SchemaOutOfDate", "the pgqueue schema is missing here; run `pgqueue migrate`")
+            psycopg.errors.UndefinedColumn,
+        ) as exc:
+            # pgqueue's own statements found no such object: the schema is missing, or it was
+            # changed under a running command (found by a tester: a downgrade under running
+            # workers said "invalid DSN or query" and exit 2).
+            _say(
+                "SchemaOutOfDate",
+                "the pgqueue schema here is missing or not the one this pgqueue expects "
+                f"({exc.diag.message_primary or type(exc).__name__}); run `pgqueue migrate`",
+            )
             raise typer.Exit(1) from None
         except psycopg.errors.NumericValueOutOfRange as exc:
             _say("InvalidArgument", exc.diag.message_primary or str(exc))

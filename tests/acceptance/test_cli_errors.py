@@ -61,6 +61,22 @@ def test_schema_missing(empty_db_dsn, command):
     assert "pgqueue migrate" in result.stderr
 
 
+def test_schema_changed_under_a_worker(db_dsn):
+    """Found by a tester: a downgrade under running workers made their claims fail with an
+    undefined column, reported as "invalid DSN or query" and exit 2 (bad input). It is the
+    environment: exit 1, and the message says to run migrate."""
+    import pgqueue
+
+    with psycopg.connect(db_dsn) as conn:
+        pgqueue.enqueue(conn, tenant_id="t", origin="user_action", payload={}, kind="pgqueue.noop")
+        conn.execute("ALTER TABLE pgqueue.queue_counts DROP COLUMN claim_stripe")
+    result = run("work", "--burst", "--dsn", db_dsn)
+    assert result.exit_code == 1, result.stderr
+    assert "SchemaOutOfDate" in result.stderr
+    assert "claim_stripe" in result.stderr
+    assert "pgqueue migrate" in result.stderr
+
+
 def test_bad_enqueue_input_writes_nothing(db_dsn, tmp_path):
     cases = [
         (["--payload", f"@{tmp_path / 'missing.json'}"], "FileNotFoundError"),
