@@ -19,7 +19,6 @@ caller has no transaction open, since waiting would hold its locks
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from datetime import datetime
@@ -30,14 +29,12 @@ from psycopg.pq import TransactionStatus
 
 from pgqueue.batch import JobSpec, check_batch
 from pgqueue.db import queries
+from pgqueue.enqueue_admission import EnqueueAdmission
 from pgqueue.errors import (
-    CannotBlockInTransaction,
     InvalidArgument,
-    QueueFull,
     from_sqlstate,
 )
-from pgqueue.models import DEFAULT_KIND, AdmissionPolicy, Origin
-from pgqueue.observability import metrics
+from pgqueue.models import DEFAULT_KIND, Origin
 from pgqueue.settings import Settings
 from pgqueue.validation import (
     CheckedJob,
@@ -83,90 +80,6 @@ def _translate(exc: psycopg.Error) -> Exception:
     return mapped if mapped is not None else exc
 
 
-#: First and longest pause between two tries of a blocked enqueue, seconds.
-_BLOCK_FIRST_PAUSE_SECONDS = 0.01
-_BLOCK_MAX_PAUSE_SECONDS = 0.25
-
-
-class _Admission:
-    """One enqueue call's way through admission control, shared by the sync and async paths.
-
-    :meth:`step` reads the rows a ``try_enqueue`` call returned and decides: done (the rows
-    stand: jobs stored or dropped), wait this long and try again (policy ``block``, room may
-    come), or raise :class:`QueueFull`. It also feeds the admission metrics.
-    """
-
-    def __init__(
-        self, tenant_ids: Sequence[str], timeout_seconds: float, *, in_transaction: bool
-    ) -> None:
-        self.tenant_ids = tenant_ids
-        self.timeout_seconds = timeout_seconds
-        self.in_transaction = in_transaction
-        self.started: float | None = None
-        self.pause = _BLOCK_FIRST_PAUSE_SECONDS
-        self.blocked_tier: str | None = None
-
-    def step(self, rows: Sequence[Mapping[str, Any]], now: float, *, many: bool) -> float | None:
-        """None when the rows stand; else seconds to wait before the next try.
-
-        Raises:
-            QueueFull: a refused row whose tier's policy is reject, or block after the timeout.
-            CannotBlockInTransaction: policy block while the caller's transaction is open.
-        """
-        refused = next((r for r in rows if r["outcome"] == "full"), None)
-        if refused is None:
-            for r in rows:
-                if r["outcome"] == "dropped":
-                    metrics.ADMISSION_DROPPED.labels(r["tier"], r["scope"] or "tier").inc()
-            if self.started is not None and self.blocked_tier is not None:
-                metrics.ADMISSION_BLOCK_SECONDS.labels(self.blocked_tier).observe(
-                    now - self.started
-                )
-            return None
-        tier, policy = refused["tier"], refused["policy"]
-        index = int(refused["ord"]) - 1 if many else 0
-        tenant = self.tenant_ids[index]
-        where = f"job {index}: " if many else ""
-        subject = (
-            f"tier {tier}" if refused["scope"] == "tier" else f"tenant {tenant!r} in tier {tier}"
-        )
-        message = (
-            f"{where}queue full: {subject} holds {refused['depth']} queued jobs "
-            f"(cap {refused['cap']}, policy {policy})"
-        )
-        fields: dict[str, Any] = {
-            "tier": tier,
-            "tenant_id": tenant,
-            "depth": refused["depth"],
-            "cap": refused["cap"],
-            "scope": refused["scope"],
-            "policy": policy,
-        }
-        if policy != AdmissionPolicy.BLOCK:
-            metrics.ADMISSION_REJECTED.labels(tier, policy, refused["scope"]).inc()
-            raise QueueFull(message, **fields)
-        if self.in_transaction:
-            metrics.ADMISSION_REJECTED.labels(tier, policy, refused["scope"]).inc()
-            raise CannotBlockInTransaction(
-                f"{message}; the block policy cannot wait inside the caller's open transaction "
-                "(waiting would hold its locks): enqueue outside a transaction to wait for "
-                "room, or handle QueueFull",
-                **fields,
-            )
-        if self.started is None:
-            self.started = now
-            self.blocked_tier = tier
-            metrics.ADMISSION_BLOCKED.labels(tier).inc()
-        waited = now - self.started
-        if waited >= self.timeout_seconds:
-            metrics.ADMISSION_REJECTED.labels(tier, policy, refused["scope"]).inc()
-            metrics.ADMISSION_BLOCK_SECONDS.labels(tier).observe(waited)
-            raise QueueFull(f"{message}; no room after waiting {waited:.2f} s", **fields)
-        pause = min(self.pause, self.timeout_seconds - waited) * random.uniform(0.8, 1.2)
-        self.pause = min(self.pause * 1.5, _BLOCK_MAX_PAUSE_SECONDS)
-        return max(pause, 0.0)
-
-
 def _in_transaction(status: TransactionStatus) -> bool:
     return status != TransactionStatus.IDLE
 
@@ -182,7 +95,7 @@ def _run_sync(
 ) -> list[dict[str, Any]]:
     conn = _sync_conn(target)
     status = conn.info.transaction_status
-    adm = _Admission(tenant_ids, timeout_seconds, in_transaction=_in_transaction(status))
+    adm = EnqueueAdmission(tenant_ids, timeout_seconds, in_transaction=_in_transaction(status))
     while True:
         try:
             result = queries.run(conn, name, params)
@@ -208,7 +121,7 @@ async def _run_async(
 ) -> list[dict[str, Any]]:
     conn = await _async_conn(target)
     status = conn.info.transaction_status
-    adm = _Admission(tenant_ids, timeout_seconds, in_transaction=_in_transaction(status))
+    adm = EnqueueAdmission(tenant_ids, timeout_seconds, in_transaction=_in_transaction(status))
     while True:
         try:
             result = await queries.arun(conn, name, params)

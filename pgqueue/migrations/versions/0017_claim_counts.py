@@ -12,8 +12,9 @@ claims run at once, producers skip it when they choose a row (``queue_counts_add
 (the last statement of ``drr_dispatch``) upserts the deltas of the jobs it took into the claim
 rows, and marks the statement (``pgqueue.claim_counted`` set to its transaction's id, locally,
 and cleared right after) so that the update trigger does not count those rows again. The
-depth of a key is still ``sum(queued)`` over its rows, exact in every snapshot. Measured on the benchmark machine
-(``docs/bench.md``): server CPU of a claim of 10 plus its completion −8 %, of the claim −10 %.
+depth of a key is still ``sum(queued)`` over its rows, exact in every snapshot. Measured on
+the benchmark machine (``docs/bench.md``): server CPU of a claim of 10 plus its completion
+−8 %, of the claim −10 %.
 
 ``drr_dispatch`` is revision 0014's, ``jobs_after_update`` 0012's, ``queue_counts_add`` 0016's
 and ``queue_counts_compact`` 0006's, each edited here, not copied.
@@ -140,7 +141,8 @@ def _dispatch_before() -> str:
     return text
 
 
-def _dispatch_settings() -> tuple[str, ...]:
+def dispatch_settings() -> tuple[str, ...]:
+    """``drr_dispatch``'s settings (revision 0011), applied after every CREATE OR REPLACE."""
     settings: tuple[str, ...] = _revision("0011_claim_by_tenant.py").SETTINGS
     return settings
 
@@ -187,13 +189,13 @@ def upgrade() -> None:
     op.execute(compact())
     op.execute(after_update())
     op.execute(dispatch())
-    for statement in _dispatch_settings():  # CREATE OR REPLACE dropped the function's settings
+    for statement in dispatch_settings():  # CREATE OR REPLACE dropped the function's settings
         op.execute(statement)
 
 
 def downgrade() -> None:
     op.execute(_dispatch_before())
-    for statement in _dispatch_settings():
+    for statement in dispatch_settings():
         op.execute(statement)
     op.execute(function_definition(_ONE_TRIGGER_SQL, "jobs_after_update"))
     op.execute(function_definition(_ADMISSION_SQL, "queue_counts_compact"))

@@ -31,7 +31,6 @@ down_revision = "0017"
 branch_labels = None
 depends_on = None
 
-_HERE = Path(__file__).parent
 _REFILL = "ALTER FUNCTION pgqueue.refill_offset(text) {}"
 _HEAD_LOAD = "                    IF ht[i] IS NULL THEN\n"
 _HEAD_LOAD_IF_MEMBERS = (
@@ -40,32 +39,28 @@ _HEAD_LOAD_IF_MEMBERS = (
 )
 
 
-def _revision(name: str) -> ModuleType:
-    return revision_module(_HERE / name)
+def _revision_0017() -> ModuleType:
+    return revision_module(Path(__file__).with_name("0017_claim_counts.py"))
 
 
 def dispatch() -> str:
     """``drr_dispatch`` as this revision creates it."""
-    body: str = _revision("0017_claim_counts.py").dispatch()
+    body: str = _revision_0017().dispatch()
     if body.count(_HEAD_LOAD) != 1:
         raise RuntimeError("revision 0018: drr_dispatch lacks the recheck's round-head load")
     return body.replace(_HEAD_LOAD, _HEAD_LOAD_IF_MEMBERS)
 
 
-def _settings() -> tuple[str, ...]:
-    settings: tuple[str, ...] = _revision("0011_claim_by_tenant.py").SETTINGS
-    return settings
-
-
 def upgrade() -> None:
     op.execute(_REFILL.format("STABLE"))
     op.execute(dispatch())
-    for statement in _settings():  # CREATE OR REPLACE dropped the function's settings
+    for statement in _revision_0017().dispatch_settings():  # CREATE OR REPLACE dropped them
         op.execute(statement)
 
 
 def downgrade() -> None:
-    op.execute(_revision("0017_claim_counts.py").dispatch())
-    for statement in _settings():
+    r0017 = _revision_0017()
+    op.execute(r0017.dispatch())
+    for statement in r0017.dispatch_settings():
         op.execute(statement)
     op.execute(_REFILL.format("IMMUTABLE"))
