@@ -86,14 +86,21 @@ class CliProcess:
         return self.err_path.read_text(encoding="utf-8", errors="replace")
 
 
-def start_cli(*args: str, log_dir: Path, env: Mapping[str, str] | None = None) -> CliProcess:
-    """Start ``pgqueue *args`` from the repository root with :func:`cli_env` (plus ``env``)."""
+def start_cli(
+    *args: str,
+    log_dir: Path,
+    env: Mapping[str, str] | None = None,
+    wrap: Callable[[list[str]], list[str]] | None = None,
+) -> CliProcess:
+    """Start ``pgqueue *args`` from the repository root with :func:`cli_env` (plus ``env``);
+    ``wrap`` turns the argv into the one to run (e.g. inside a simulated host)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     n = next(_serial)
     out_path, err_path = log_dir / f"pgqueue{n}.out", log_dir / f"pgqueue{n}.err"
+    argv = pgqueue_cmd(*args)
     with out_path.open("wb") as out, err_path.open("wb") as err:
         popen = subprocess.Popen(
-            pgqueue_cmd(*args), cwd=REPO_ROOT, env=cli_env(env), stdout=out, stderr=err
+            wrap(argv) if wrap else argv, cwd=REPO_ROOT, env=cli_env(env), stdout=out, stderr=err
         )
     return CliProcess(popen, out_path, err_path)
 
