@@ -48,6 +48,13 @@ class Settings(BaseSettings):
         description="A busy worker waits this long for more free slots before claiming, so "
         "that one claim takes several jobs; an idle worker claims at once.",
     )
+    claim_batch_max: int | None = Field(
+        default=None,
+        ge=1,
+        description="At most this many jobs per claim statement; None claims every free slot. "
+        "Below the worker's concurrency, a worker claims its next jobs while others still run "
+        "(pgqueuer's batch_size with max_concurrent_tasks >= 2 x batch_size is the same shape).",
+    )
     lease_seconds: float = Field(default=120.0, gt=0)
     heartbeat_seconds: float = Field(default=15.0, gt=0)
     provider_timeout_seconds: float = Field(default=90.0, gt=0)

@@ -107,6 +107,10 @@ class BenchOptions:
     tenants: int = 10
     peer: str | None = None
     peer_batch: int = 10
+    #: pgqueue's and the plain baseline's jobs per claim (None: every free slot)
+    claim_batch: int | None = None
+    #: pgqueuer's max_concurrent_tasks (None: its default, no cap on jobs in flight)
+    peer_max_in_flight: int | None = None
     parts: tuple[str, ...] = PARTS
     process_timeout: float = 600.0
 
@@ -126,6 +130,17 @@ class BenchOptions:
         for name, value in positive.items():
             if value < 1:
                 raise InvalidArgument(f"{name} must be at least 1, got {value}")
+        for name, limit in (
+            ("claim_batch", self.claim_batch),
+            ("peer_max_in_flight", self.peer_max_in_flight),
+        ):
+            if limit is not None and limit < 1:
+                raise InvalidArgument(f"{name} must be at least 1, got {limit}")
+        if self.peer_max_in_flight is not None and self.peer_max_in_flight < 2 * self.peer_batch:
+            raise InvalidArgument(  # pgqueuer's own rule (QueueManager.run raises otherwise)
+                "--peer-max-in-flight must be at least twice --peer-batch (pgqueuer's rule), "
+                f"got {self.peer_max_in_flight} with a batch of {self.peer_batch}"
+            )
         if not self.procs or any(p < 1 or p > 32 for p in self.procs):
             raise InvalidArgument(f"procs must be 1 to 32 each, got {self.procs}")
         unknown = set(self.parts) - set(PARTS)

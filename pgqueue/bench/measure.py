@@ -217,11 +217,18 @@ def consume_once(dsn: str, system: str, procs: int, options: BenchOptions) -> di
     sentinel = _sentinel(dsn) if system == "pgqueue" else None
     if system == "pgqueue":
         cmd = [*_cli_command(), "work", "--burst", "--concurrency", str(options.concurrency)]
+        if options.claim_batch is not None:
+            cmd += ["--claim-batch", str(options.claim_batch)]
         cmd += ["--dsn", dsn]
         ready_app = LISTEN_APP
     else:
-        size = options.concurrency if system == "plain" else options.peer_batch
+        if system == "plain":
+            size, limit = options.concurrency, options.claim_batch
+        else:
+            size, limit = options.peer_batch, options.peer_max_in_flight
         cmd = [sys.executable, "-m", "pgqueue.bench", f"{system}-worker", dsn, str(size)]
+        if limit is not None:
+            cmd.append(str(limit))
         ready_app = READY_APP
     with tempfile.TemporaryFile() as log:
         workers = [_spawn(cmd, log) for _ in range(procs)]

@@ -187,7 +187,16 @@ def render(report: dict[str, Any]) -> list[Any]:
             )
         tables.append(t)
     if "consume" in report:
-        t = Table(title="Claim + complete of no-op jobs (jobs/s, medians)")
+        opts = report.get("meta", {}).get("options", {})
+        shape = f"{opts.get('concurrency', '?')} slots per process"
+        if opts.get("claim_batch") is not None:
+            shape += f", at most {opts['claim_batch']} per claim"
+        if "pgqueuer" in systems:
+            cap = opts.get("peer_max_in_flight")
+            shape += f"; pgqueuer batch {opts.get('peer_batch', '?')}, " + (
+                f"at most {cap} in flight" if cap is not None else "no cap on jobs in flight"
+            )
+        t = Table(title=f"Claim + complete of no-op jobs (jobs/s, medians; {shape})")
         t.add_column("procs", justify="right")
         for s in systems:
             t.add_column(s, justify="right")

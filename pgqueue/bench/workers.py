@@ -23,8 +23,9 @@ from pgqueue.bench.common import (
 # ------------------------------------------------------------------------------------ workers
 
 
-async def plain_worker(dsn: str, concurrency: int) -> None:
-    """The baseline worker: same shape as pgqueue's, minus tiers, DRR, leases bookkeeping."""
+async def plain_worker(dsn: str, concurrency: int, claim_batch: int | None = None) -> None:
+    """The baseline worker: same shape as pgqueue's, minus tiers, DRR, leases bookkeeping
+    (``claim_batch``: at most that many jobs per claim, as ``pgqueue work --claim-batch``)."""
     from psycopg_pool import AsyncConnectionPool
 
     worker_id = f"plain:{os.getpid()}"
@@ -48,12 +49,13 @@ async def plain_worker(dsn: str, concurrency: int) -> None:
             inflight = {t for t in inflight if not t.done()}
             free = concurrency - len(inflight)
             if free > 0:
+                want = min(free, claim_batch or free)
                 async with pool.connection() as conn:
-                    cur = await conn.execute(PLAIN_CLAIM, (free, worker_id))
+                    cur = await conn.execute(PLAIN_CLAIM, (want, worker_id))
                     rows = await cur.fetchall()
                 for job_id, token, _payload in rows:
                     inflight.add(asyncio.create_task(complete(job_id, token)))
-                if rows and len(rows) == free:
+                if rows and len(rows) == want:
                     continue
                 if not rows and not inflight:
                     return
@@ -71,8 +73,9 @@ async def _wait_go(dsn: str) -> None:
             return
 
 
-async def pgqueuer_worker(dsn: str, batch_size: int) -> None:
-    """A pgqueuer ``QueueManager`` with a no-op entrypoint, draining the queue."""
+async def pgqueuer_worker(dsn: str, batch_size: int, max_in_flight: int | None = None) -> None:
+    """A pgqueuer ``QueueManager`` with a no-op entrypoint, draining the queue
+    (``max_in_flight``: its ``max_concurrent_tasks``; None, its default, is no cap)."""
     from pgqueuer import QueueManager
     from pgqueuer.models import Job
     from pgqueuer.types import QueueExecutionMode
@@ -90,18 +93,22 @@ async def pgqueuer_worker(dsn: str, batch_size: int) -> None:
             batch_size=batch_size,
             mode=QueueExecutionMode.drain,
             log_aggregation_interval=timedelta(0),
+            max_concurrent_tasks=max_in_flight,
         )
     finally:
         await close()
 
 
 def _child_main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[0] not in ("plain-worker", "pgqueuer-worker"):
-        sys.stderr.write("usage: python -m pgqueue.bench plain-worker|pgqueuer-worker DSN N\n")
+    if len(argv) not in (3, 4) or argv[0] not in ("plain-worker", "pgqueuer-worker"):
+        sys.stderr.write(
+            "usage: python -m pgqueue.bench plain-worker|pgqueuer-worker DSN N [LIMIT]\n"
+        )
         return 2
     role, dsn, size = argv[0], argv[1], int(argv[2])
+    limit = int(argv[3]) if len(argv) == 4 else None
     if role == "plain-worker":
-        asyncio.run(plain_worker(dsn, size))
+        asyncio.run(plain_worker(dsn, size, limit))
     else:
-        asyncio.run(pgqueuer_worker(dsn, size))
+        asyncio.run(pgqueuer_worker(dsn, size, limit))
     return 0

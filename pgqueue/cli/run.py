@@ -43,12 +43,20 @@ def work(
         int | None,
         typer.Option(min=1, max=65535, help="Serve this worker's pgqueue_* metrics here."),
     ] = None,
+    claim_batch: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="At most this many jobs per claim (default: every free slot); below "
+            "--concurrency, the next claim overlaps the jobs still running.",
+        ),
+    ] = None,
 ) -> None:
     """Run a worker: claim jobs fairly, call the provider, record outcomes."""
     from pgqueue.handlers.registry import Registry, load_app
     from pgqueue.worker.runtime import Worker
 
-    settings = _settings(poll_interval_seconds=poll_interval)
+    settings = _settings(poll_interval_seconds=poll_interval, claim_batch_max=claim_batch)
     target = _dsn(settings, dsn)
     registry = load_app(app_spec) if app_spec else Registry()
     if metrics_port is not None:
@@ -264,6 +272,20 @@ def bench(
         typer.Option(help="Also measure a peer: pgqueuer (pip install 'pgqueue\\[bench]')."),
     ] = None,
     peer_batch: Annotated[int, typer.Option(min=1, help="The peer's dequeue batch size.")] = 10,
+    claim_batch: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Jobs per claim of pgqueue and plain workers (default: free slots)."
+        ),
+    ] = None,
+    peer_max_in_flight: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="The peer's cap on jobs in flight (pgqueuer max_concurrent_tasks, at least "
+            "twice --peer-batch; default: its own, no cap).",
+        ),
+    ] = None,
     only: Annotated[
         str | None, typer.Option(help="Comma-separated parts: enqueue, consume, wakeup.")
     ] = None,
@@ -292,6 +314,8 @@ def bench(
         wake_samples=wake_samples,
         peer=peer,
         peer_batch=peer_batch,
+        claim_batch=claim_batch,
+        peer_max_in_flight=peer_max_in_flight,
         parts=tuple(x.strip() for x in only.split(",")) if only else b.PARTS,
     )
     options.check()

@@ -2,7 +2,9 @@
 
 One asyncio process runs up to ``concurrency`` jobs. The producer is the only task that
 claims: it wakes on NOTIFY, a jittered poll, a freed slot or the next due ``run_at``, and
-claims at most the free slots, so a job is claimed only when it can start at once. Shutdown
+claims at most the free slots, so a job is claimed only when it can start at once; with
+``claim_batch_max`` below ``concurrency``, at most that many per claim, so that the next claim
+overlaps the jobs still running instead of waiting for them. Shutdown
 order (fixed here): stop claiming → let running jobs finish within the grace period → return
 the rest to the queue (Interrupted, no attempt used) → stop background tasks → close the pool.
 """
@@ -231,18 +233,21 @@ class Worker:
             check_schema(conn)
 
     async def _produce(self) -> None:
+        batch = min(self.concurrency, self.settings.claim_batch_max or self.concurrency)
         while not self._stopping:
             free = self.concurrency - len(self._inflight)
-            if 0 < free < self.concurrency // 2 and self.settings.claim_fold_seconds > 0:
+            fold = 0 < free < min(batch, self.concurrency // 2)
+            if fold and self.settings.claim_fold_seconds > 0:
                 # Busy: let a few more slots free up so that one claim takes several jobs.
                 await asyncio.sleep(self.settings.claim_fold_seconds)
                 free = self.concurrency - len(self._inflight)
             claimed = 0
             if free > 0:
                 self._wake.clear()
-                claimed = await self._claim(free)
-                if claimed == free:
-                    continue  # the queue may hold more: claim again once a slot frees
+                want = min(free, batch)
+                claimed = await self._claim(want)
+                if claimed == want:
+                    continue  # the queue may hold more: claim again (at once if slots are free)
             timeout = self.settings.poll_interval_seconds * self._rng.uniform(0.8, 1.2)
             if self._blocked_seconds is not None and free > 0:
                 # Work is due but the provider's limits are spent: wait for the refill.

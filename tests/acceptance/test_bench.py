@@ -31,6 +31,9 @@ def test_bad_options_exit_2() -> None:
     assert result.exit_code == 2
     result = runner.invoke(app, ["bench", "--procs", "1,,1"])  # was read as 1,1
     assert result.exit_code == 2
+    # pgqueuer's own rule: its cap on jobs in flight is at least twice its batch
+    result = runner.invoke(app, ["bench", "--peer-batch", "10", "--peer-max-in-flight", "15"])
+    assert result.exit_code == 2 and "twice" in result.output
     # found by a tester: the whole run came first, then exit 2 and the results were lost
     result = runner.invoke(app, ["bench", "--json-out", "/nonexistent/dir/x.json"])
     assert result.exit_code == 2 and "does not exist" in result.output
@@ -60,6 +63,8 @@ def test_bench_tiny_run(server_dsn: str, tmp_path: Path) -> None:
             "20",
             "--wake-samples",
             "5",
+            "--claim-batch",
+            "3",
             "--json-out",
             str(out),
         ],
@@ -67,6 +72,8 @@ def test_bench_tiny_run(server_dsn: str, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["meta"]["systems"] == ["pgqueue", "plain"]
+    assert report["meta"]["options"]["claim_batch"] == 3
+    assert "at most 3 per claim" in result.output
     for mode in ("single", "bulk"):
         row = report["enqueue"][mode]
         assert row["pgqueue_jobs_per_s"] > 0 and row["plain_jobs_per_s"] > 0

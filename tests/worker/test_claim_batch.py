@@ -1,0 +1,94 @@
+"""``claim_batch_max`` (``pgqueue work --claim-batch``): at most that many jobs per claim, and
+with more slots than that the next claim overlaps the jobs still running; every job still runs
+once, and the dispatch order is still the one DRR schedule's."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgqueue
+from pgqueue import JobSpec
+from pgqueue.handlers.registry import Registry
+from pgqueue.models import Job
+from pgqueue.settings import Settings
+from pgqueue.worker.runtime import Worker
+
+N_JOBS = 36
+
+
+def _enqueue(dsn: str) -> list[int | None]:
+    with psycopg.connect(dsn) as conn:
+        ids = pgqueue.enqueue_many(
+            conn,
+            [JobSpec(f"t{i % 3}", "scheduled", {"n": i}, kind="test.nap") for i in range(N_JOBS)],
+        )
+        conn.commit()
+    return ids
+
+
+def _run(dsn: str, concurrency: int, claim_batch: int | None) -> tuple[list[int], int]:
+    """Drain the queue; returns (the limit of each claim, most jobs running at once)."""
+    registry = Registry()
+    running = 0
+    most = 0
+
+    @registry.handler("test.nap")
+    async def nap(job: Job) -> dict[str, Any]:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.03)
+        running -= 1
+        return {"n": job.payload["n"]}
+
+    settings = Settings(poll_interval_seconds=0.1, claim_batch_max=claim_batch)
+    worker = Worker(dsn, settings, registry, concurrency=concurrency, burst=True)
+    limits: list[int] = []
+    real_claim = worker._claim
+
+    async def claim(limit: int) -> int:
+        limits.append(limit)
+        return await real_claim(limit)
+
+    worker._claim = claim  # type: ignore[method-assign]
+    stats = asyncio.run(worker.run(install_signal_handlers=False))
+    assert stats.outcomes["succeeded"] == N_JOBS
+    return limits, most
+
+
+def _turns(dsn: str) -> list[tuple[str, int]]:
+    """The dispatch order (started_at) as runs of one tenant: [(tenant, length), ...]."""
+    with psycopg.connect(dsn) as conn:
+        order = conn.execute("SELECT tenant_id FROM pgqueue.jobs ORDER BY started_at, id")
+        turns: list[tuple[str, int]] = []
+        for (tenant,) in order:
+            if turns and turns[-1][0] == tenant:
+                turns[-1] = (tenant, turns[-1][1] + 1)
+            else:
+                turns.append((tenant, 1))
+    return turns
+
+
+@pytest.mark.timeout(120)
+def test_claims_are_capped_and_overlap_running_jobs(db_dsn: str) -> None:
+    _enqueue(db_dsn)
+    limits, most = _run(db_dsn, concurrency=6, claim_batch=2)
+    assert limits and max(limits) <= 2
+    # more jobs ran at once than one claim takes: claims happened while others still ran
+    assert most > 2
+    with psycopg.connect(db_dsn) as conn:
+        states = dict(conn.execute("SELECT state::text, count(*) FROM pgqueue.jobs GROUP BY 1"))
+        attempts = conn.execute("SELECT max(attempts) FROM pgqueue.jobs").fetchone()
+    assert states == {"succeeded": N_JOBS}
+    assert attempts == (1,)
+    # Claims of at most 2 still follow the one DRR schedule: three tenants with 12 jobs of
+    # cost 1 each, quantum 5: turns of 5, 5 and then the 2 left, in one cyclic order.
+    turns = _turns(db_dsn)
+    assert [n for _t, n in turns] == [5] * 6 + [2] * 3, turns
+    cycle = [t for t, _n in turns[:3]]
+    assert sorted(cycle) == ["t0", "t1", "t2"]
+    assert [t for t, _n in turns] == cycle * 3
