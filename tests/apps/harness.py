@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -149,3 +149,92 @@ def count_by_state(dsn: str) -> dict[str, int]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute("SELECT state::text, count(*) FROM pgqueue.jobs GROUP BY 1").fetchall()
     return {state: int(n) for state, n in rows}
+
+
+def workers_ready(dsn: str, procs: Sequence[CliProcess], app_prefix: str) -> bool:
+    """Whether every process is in its claim loop: its pool (min_size 1) and its LISTEN
+    connection are open, seen by ``application_name`` (``PGAPPNAME=<app_prefix><i>``).
+    Raises AssertionError, with its log, for a process that already exited."""
+    for proc in procs:
+        if proc.popen.poll() is not None:
+            raise AssertionError(f"worker {proc.pid} exited early:\n{proc.stderr()}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT application_name, count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND application_name LIKE %s GROUP BY 1",
+            (app_prefix + "%",),
+        ).fetchall()
+    return len(rows) == len(procs) and all(n >= 2 for _name, n in rows)
+
+
+def run_held_burst_workers(
+    dsn: str,
+    worker_dsns: Sequence[str],
+    *,
+    log_dir: Path,
+    record_base: Path,
+    app_prefix: str,
+    concurrency: int = 8,
+    wraps: Sequence[Callable[[list[str]], list[str]] | None] | None = None,
+    timeout: float = 120,
+) -> tuple[list[CliProcess], list[int]]:
+    """Start one ``pgqueue work --burst --app NOOP_APP`` per DSN in ``worker_dsns`` (each
+    recording what it runs under ``record_base``), wait until all are connected, then make
+    every job due and wake them (the caller enqueued the jobs due later, so that all start on
+    equal terms), and wait for them to exit. Returns the processes and their exit codes."""
+    procs = [
+        start_cli(
+            "work",
+            "--burst",
+            "--concurrency",
+            str(concurrency),
+            "--app",
+            NOOP_APP,
+            "--dsn",
+            worker_dsn,
+            log_dir=log_dir,
+            env={"PGQUEUE_TEST_RECORD_FILE": str(record_base), "PGAPPNAME": f"{app_prefix}{i}"},
+            wrap=wraps[i] if wraps else None,
+        )
+        for i, worker_dsn in enumerate(worker_dsns)
+    ]
+    try:
+        wait_until(
+            lambda: workers_ready(dsn, procs, app_prefix),
+            timeout=60,
+            interval=0.05,
+            what=f"{len(procs)} workers connected",
+        )
+        with psycopg.connect(dsn) as conn:  # release all jobs and wake the listeners
+            conn.execute("UPDATE pgqueue.jobs SET run_at = now()")
+            conn.execute("NOTIFY pgqueue_jobs, 'standard'")
+        codes = [proc.wait(timeout=timeout) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    return procs, codes
+
+
+def records_by_pid(record_base: Path) -> dict[int, list[int]]:
+    """What each worker process ran: pid -> job ids, from the files ``<record_base>.<pid>``
+    that ``tests.apps.noop_app`` writes."""
+    ran_by: dict[int, list[int]] = {}
+    for path in record_base.parent.glob(f"{record_base.name}.*"):
+        pid = int(path.suffix.lstrip("."))
+        ran_by[pid] = [int(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    return ran_by
+
+
+def dispatch_turns(dsn: str) -> list[tuple[str, int]]:
+    """The dispatch order (``started_at``) as runs of one tenant: ``[(tenant, length), ...]``.
+    With backlogged tenants of equal weight and jobs of cost 1, one DRR schedule gives runs of
+    exactly one quantum, the tenants in one cyclic order."""
+    turns: list[tuple[str, int]] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        order = conn.execute("SELECT tenant_id FROM pgqueue.jobs ORDER BY started_at, id")
+        for (tenant,) in order:
+            if turns and turns[-1][0] == tenant:
+                turns[-1] = (tenant, turns[-1][1] + 1)
+            else:
+                turns.append((tenant, 1))
+    return turns

@@ -16,6 +16,7 @@ from pgqueue.handlers.registry import Registry
 from pgqueue.models import Job
 from pgqueue.settings import Settings
 from pgqueue.worker.runtime import Worker
+from tests.apps.harness import dispatch_turns
 
 N_JOBS = 36
 
@@ -60,19 +61,6 @@ def _run(dsn: str, concurrency: int, claim_batch: int | None) -> tuple[list[int]
     return limits, most
 
 
-def _turns(dsn: str) -> list[tuple[str, int]]:
-    """The dispatch order (started_at) as runs of one tenant: [(tenant, length), ...]."""
-    with psycopg.connect(dsn) as conn:
-        order = conn.execute("SELECT tenant_id FROM pgqueue.jobs ORDER BY started_at, id")
-        turns: list[tuple[str, int]] = []
-        for (tenant,) in order:
-            if turns and turns[-1][0] == tenant:
-                turns[-1] = (tenant, turns[-1][1] + 1)
-            else:
-                turns.append((tenant, 1))
-    return turns
-
-
 @pytest.mark.timeout(120)
 def test_claims_are_capped_and_overlap_running_jobs(db_dsn: str) -> None:
     _enqueue(db_dsn)
@@ -87,7 +75,7 @@ def test_claims_are_capped_and_overlap_running_jobs(db_dsn: str) -> None:
     assert attempts == (1,)
     # Claims of at most 2 still follow the one DRR schedule: three tenants with 12 jobs of
     # cost 1 each, quantum 5: turns of 5, 5 and then the 2 left, in one cyclic order.
-    turns = _turns(db_dsn)
+    turns = dispatch_turns(db_dsn)
     assert [n for _t, n in turns] == [5] * 6 + [2] * 3, turns
     cycle = [t for t, _n in turns[:3]]
     assert sorted(cycle) == ["t0", "t1", "t2"]

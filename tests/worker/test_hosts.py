@@ -24,7 +24,13 @@ import pytest
 
 import pgqueue
 from tests.apps import hosts
-from tests.apps.harness import NOOP_APP, CliProcess, count_by_state, jobs, start_cli, wait_until
+from tests.apps.harness import (
+    count_by_state,
+    dispatch_turns,
+    jobs,
+    records_by_pid,
+    run_held_burst_workers,
+)
 
 N_HOSTS = 4
 TENANTS = ("acme", "globex", "initech", "umbrella")
@@ -36,32 +42,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(os.name != "posix" or os.geteuid() != 0, reason="needs root"),
 ]
-
-
-def _ready(dsn: str, procs: list[CliProcess]) -> bool:
-    for proc in procs:
-        if proc.popen.poll() is not None:
-            raise AssertionError(f"worker {proc.pid} exited early:\n{proc.stderr()}")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT application_name, count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND application_name LIKE %s "
-            "GROUP BY 1",
-            (APP_PREFIX + "%",),
-        ).fetchall()
-    # pool (min_size 1) + the LISTEN connection: the process is in its claim loop
-    return len(rows) == N_HOSTS and all(n >= 2 for _name, n in rows)
-
-
-def _turns(tenants: list[str]) -> list[tuple[str, int]]:
-    """Consecutive runs of the same tenant: [(tenant, length), ...]."""
-    turns: list[tuple[str, int]] = []
-    for tenant in tenants:
-        if turns and turns[-1][0] == tenant:
-            turns[-1] = (tenant, turns[-1][1] + 1)
-        else:
-            turns.append((tenant, 1))
-    return turns
 
 
 @pytest.mark.timeout(240)
@@ -94,49 +74,22 @@ def test_workers_on_four_hosts_share_one_schedule(db_dsn: str, tmp_path: Path) -
             ]
         )
         assert os.spawnvp(os.P_WAIT, probe[0], probe) != 0
-        procs = [
-            start_cli(
-                "work",
-                "--burst",
-                "--concurrency",
-                "8",
-                "--app",
-                NOOP_APP,
-                "--dsn",
-                host.dsn,
-                log_dir=tmp_path / "logs",
-                env={
-                    "PGQUEUE_TEST_RECORD_FILE": str(record_base),
-                    "PGAPPNAME": f"{APP_PREFIX}{i}",
-                },
-                wrap=host.argv,
-            )
-            for i, host in enumerate(made.hosts)
-        ]
-        try:
-            wait_until(
-                lambda: _ready(db_dsn, procs),
-                timeout=60,
-                interval=0.05,
-                what="four hosts' workers connected",
-            )
-            with psycopg.connect(db_dsn) as conn:  # release all jobs and wake the listeners
-                conn.execute("UPDATE pgqueue.jobs SET run_at = now()")
-                conn.execute("NOTIFY pgqueue_jobs, 'standard'")
-            codes = [proc.wait(timeout=150) for proc in procs]
-        finally:
-            for proc in procs:
-                proc.kill()
+        procs, codes = run_held_burst_workers(
+            db_dsn,
+            [host.dsn for host in made.hosts],
+            log_dir=tmp_path / "logs",
+            record_base=record_base,
+            app_prefix=APP_PREFIX,
+            wraps=[host.argv for host in made.hosts],
+            timeout=150,
+        )
     assert codes == [0] * N_HOSTS, "\n".join(proc.stderr() for proc in procs)
 
     # Every job succeeded on its first and only attempt, each run by exactly one process.
     rows = jobs(db_dsn)
     assert count_by_state(db_dsn) == {"succeeded": n_jobs}
     assert Counter(r["attempts"] for r in rows) == {1: n_jobs}
-    ran_by: dict[int, list[int]] = {}
-    for path in tmp_path.glob("record.*"):
-        pid = int(path.suffix.lstrip("."))
-        ran_by[pid] = [int(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    ran_by = records_by_pid(record_base)
     all_runs = [job_id for ran in ran_by.values() for job_id in ran]
     assert sorted(all_runs) == sorted(ids)
 
@@ -152,14 +105,7 @@ def test_workers_on_four_hosts_share_one_schedule(db_dsn: str, tmp_path: Path) -
     assert set(per_host) == set(host_of_pid.values()), f"jobs per host: {dict(per_host)}"
 
     # One DRR schedule: turns of one quantum each, the tenants in one cyclic order.
-    with psycopg.connect(db_dsn) as conn:
-        order = [
-            tenant
-            for (tenant,) in conn.execute(
-                "SELECT tenant_id FROM pgqueue.jobs ORDER BY started_at, id"
-            ).fetchall()
-        ]
-    turns = _turns(order)
+    turns = dispatch_turns(db_dsn)
     assert [length for _tenant, length in turns] == [QUANTUM] * (n_jobs // QUANTUM), turns[:12]
     cycle = [tenant for tenant, _length in turns[: len(TENANTS)]]
     assert sorted(cycle) == sorted(TENANTS)

@@ -15,30 +15,11 @@ import psycopg
 import pytest
 
 import pgqueue
-from tests.apps.harness import NOOP_APP, CliProcess, count_by_state, jobs, start_cli, wait_until
+from tests.apps.harness import count_by_state, jobs, records_by_pid, run_held_burst_workers
 
 N_JOBS = 2000
 N_PROCS = 4
 APP_PREFIX = "pgq-mp-test-"
-
-
-def _connections_per_process(dsn: str) -> Counter[str]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT application_name FROM pg_stat_activity "
-            "WHERE datname = current_database() AND application_name LIKE %s",
-            (APP_PREFIX + "%",),
-        ).fetchall()
-    return Counter(name for (name,) in rows)
-
-
-def _all_processes_ready(dsn: str, procs: list[CliProcess]) -> bool:
-    for proc in procs:
-        if proc.popen.poll() is not None:
-            raise AssertionError(f"worker {proc.pid} exited early:\n{proc.stderr()}")
-    seen = _connections_per_process(dsn)
-    # pool (min_size 1) + the LISTEN connection: the process is in its claim loop
-    return len(seen) == N_PROCS and all(n >= 2 for n in seen.values())
 
 
 @pytest.mark.slow
@@ -58,38 +39,13 @@ def test_four_processes_run_every_job_exactly_once(db_dsn: str, tmp_path: Path) 
         conn.execute("UPDATE pgqueue.jobs SET run_at = now() + interval '45 seconds'")
     assert len(set(ids)) == N_JOBS
 
-    procs = [
-        start_cli(
-            "work",
-            "--burst",
-            "--concurrency",
-            "8",
-            "--app",
-            NOOP_APP,
-            "--dsn",
-            db_dsn,
-            log_dir=tmp_path / "logs",
-            env={
-                "PGQUEUE_TEST_RECORD_FILE": str(record_base),
-                "PGAPPNAME": f"{APP_PREFIX}{i}",
-            },
-        )
-        for i in range(N_PROCS)
-    ]
-    try:
-        wait_until(
-            lambda: _all_processes_ready(db_dsn, procs),
-            timeout=60,
-            interval=0.05,
-            what="four workers connected",
-        )
-        with psycopg.connect(db_dsn) as conn:  # release all jobs and wake the listeners
-            conn.execute("UPDATE pgqueue.jobs SET run_at = now()")
-            conn.execute("NOTIFY pgqueue_jobs, 'standard'")
-        codes = [proc.wait(timeout=120) for proc in procs]
-    finally:
-        for proc in procs:
-            proc.kill()
+    procs, codes = run_held_burst_workers(
+        db_dsn,
+        [db_dsn] * N_PROCS,
+        log_dir=tmp_path / "logs",
+        record_base=record_base,
+        app_prefix=APP_PREFIX,
+    )
     assert codes == [0] * N_PROCS, "\n".join(proc.stderr() for proc in procs)
 
     # Every job succeeded on its first and only attempt.
@@ -99,10 +55,7 @@ def test_four_processes_run_every_job_exactly_once(db_dsn: str, tmp_path: Path) 
     assert all(r["result"] == {"ok": True} and r["lease_expires_at"] is None for r in rows)
 
     # Each job ran exactly once: the union of the per-process record files holds every id once.
-    ran_by: dict[int, list[int]] = {}  # pid -> job ids it ran
-    for path in tmp_path.glob("record.*"):
-        pid = int(path.suffix.lstrip("."))
-        ran_by[pid] = [int(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    ran_by = records_by_pid(record_base)  # pid -> job ids it ran
     all_runs = [job_id for ran in ran_by.values() for job_id in ran]
     assert len(all_runs) == N_JOBS
     assert set(all_runs) == set(ids)
