@@ -80,3 +80,45 @@ def test_claims_are_capped_and_overlap_running_jobs(db_dsn: str) -> None:
     cycle = [t for t, _n in turns[:3]]
     assert sorted(cycle) == ["t0", "t1", "t2"]
     assert [t for t, _n in turns] == cycle * 3
+
+
+@pytest.mark.timeout(60)
+async def test_a_worker_with_every_slot_busy_waits_for_a_slot(db_dsn: str) -> None:
+    """Found by a tester: a wake-up (NOTIFY, the listener's connect, a rescue) that came while
+    every slot was busy stayed set, and the producer looped on it at full CPU until a slot
+    freed: tens of thousands of waits a second. It now waits for a freed slot."""
+    registry = Registry()
+    started = asyncio.Event()
+
+    @registry.handler("test.hold")
+    async def hold(job: Job) -> dict[str, Any]:
+        started.set()
+        await asyncio.sleep(1.0)
+        return {}
+
+    with psycopg.connect(db_dsn) as conn:
+        pgqueue.enqueue_many(conn, [JobSpec("t", "scheduled", {}, 300, "test.hold")] * 2)
+        conn.commit()
+    worker = Worker(
+        db_dsn, Settings(poll_interval_seconds=0.5), registry, concurrency=2, burst=True
+    )
+    waits = 0
+    real_wait = worker._wake.wait
+
+    async def counting_wait() -> bool:
+        nonlocal waits
+        waits += 1
+        return await real_wait()
+
+    worker._wake.wait = counting_wait  # type: ignore[method-assign]
+    run = asyncio.create_task(worker.run(install_signal_handlers=False))
+    await asyncio.wait_for(started.wait(), 30)
+    await asyncio.sleep(0.1)
+    before = waits
+    for _ in range(3):  # what NOTIFYs do
+        worker.wake()
+        await asyncio.sleep(0.1)
+    during = waits - before
+    stats = await run
+    assert stats.outcomes["succeeded"] == 2
+    assert during <= 10, f"the producer waited {during} times in 0.3 s with both slots busy"
