@@ -136,6 +136,8 @@ class BenchOptions:
         ):
             if limit is not None and limit < 1:
                 raise InvalidArgument(f"{name} must be at least 1, got {limit}")
+        if self.peer_max_in_flight is not None and self.peer is None:
+            raise InvalidArgument("--peer-max-in-flight needs --peer pgqueuer")
         if self.peer_max_in_flight is not None and self.peer_max_in_flight < 2 * self.peer_batch:
             raise InvalidArgument(  # pgqueuer's own rule (QueueManager.run raises otherwise)
                 "--peer-max-in-flight must be at least twice --peer-batch (pgqueuer's rule), "

@@ -107,7 +107,11 @@ ENQUEUE: dict[str, Callable[[str, int, bool, int, int], float]] = {
 
 
 def _spawn(cmd: list[str], log: Any) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=os.environ.copy())
+    # Without the caller's PGQUEUE_* settings: the workers run the shape the options say and
+    # the report records (found by a tester: PGQUEUE_CLAIM_BATCH_MAX=1 in the shell made the
+    # pgqueue workers claim one job at a time under a title that said otherwise).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env)
 
 
 def _wait_ready(dsn: str, app_name: str, count: int, procs: list[subprocess.Popen[bytes]]) -> None:

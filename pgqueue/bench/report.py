@@ -189,12 +189,13 @@ def render(report: dict[str, Any]) -> list[Any]:
     if "consume" in report:
         opts = report.get("meta", {}).get("options", {})
         shape = f"{opts.get('concurrency', '?')} slots per process"
-        if opts.get("claim_batch") is not None:
-            shape += f", at most {opts['claim_batch']} per claim"
+        cap = opts.get("claim_batch")
+        if cap is not None and cap < opts.get("concurrency", 0):  # (never more than the slots)
+            shape += f", at most {cap} per claim"
         if "pgqueuer" in systems:
-            cap = opts.get("peer_max_in_flight")
+            limit = opts.get("peer_max_in_flight")
             shape += f"; pgqueuer batch {opts.get('peer_batch', '?')}, " + (
-                f"at most {cap} in flight" if cap is not None else "no cap on jobs in flight"
+                f"at most {limit} in flight" if limit is not None else "no cap on jobs in flight"
             )
         t = Table(title=f"Claim + complete of no-op jobs (jobs/s, medians; {shape})")
         t.add_column("procs", justify="right")

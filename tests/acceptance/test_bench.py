@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import psycopg
@@ -32,8 +33,14 @@ def test_bad_options_exit_2() -> None:
     result = runner.invoke(app, ["bench", "--procs", "1,,1"])  # was read as 1,1
     assert result.exit_code == 2
     # pgqueuer's own rule: its cap on jobs in flight is at least twice its batch
-    result = runner.invoke(app, ["bench", "--peer-batch", "10", "--peer-max-in-flight", "15"])
+    result = runner.invoke(
+        app,
+        ["bench", "--peer", "pgqueuer", "--peer-batch", "10", "--peer-max-in-flight", "15"],
+    )
     assert result.exit_code == 2 and "twice" in result.output
+    # found by a tester: without a peer it was ignored (or refused by the peer's rule)
+    result = runner.invoke(app, ["bench", "--peer-max-in-flight", "40"])
+    assert result.exit_code == 2 and "needs --peer" in result.output
     # found by a tester: the whole run came first, then exit 2 and the results were lost
     result = runner.invoke(app, ["bench", "--json-out", "/nonexistent/dir/x.json"])
     assert result.exit_code == 2 and "does not exist" in result.output
@@ -97,3 +104,19 @@ def test_help_shows_the_install_extra() -> None:
     result = runner.invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
     assert "pip install 'pgqueue[bench]'" in result.output
+
+
+def test_workers_do_not_inherit_the_callers_pgqueue_settings(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Found by a tester: PGQUEUE_CLAIM_BATCH_MAX=1 in the shell reached the benchmark's
+    workers, which then ran another shape than the report said."""
+    from pgqueue.bench.measure import _spawn
+
+    monkeypatch.setenv("PGQUEUE_CLAIM_BATCH_MAX", "1")
+    monkeypatch.setenv("PGQUEUE_TEST_MARKER", "x")
+    code = "import os, sys; sys.stderr.write(repr(sorted(k for k in os.environ if 'PGQUEUE' in k)))"
+    with (tmp_path / "log").open("w+b") as log:
+        assert _spawn([sys.executable, "-c", code], log).wait(timeout=60) == 0
+        log.seek(0)
+        assert log.read().decode() == "[]"
