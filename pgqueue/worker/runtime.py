@@ -242,18 +242,15 @@ class Worker:
                 await asyncio.sleep(self.settings.claim_fold_seconds)
                 free = self.concurrency - len(self._inflight)
             claimed = 0
+            # Whatever woke the producer is answered now: by this claim or, with every slot
+            # busy, by the claim a freed slot (it sets the event again) triggers. Left set while
+            # every slot was busy, a wake-up made this loop spin at full CPU (found by a tester).
+            self._wake.clear()
             if free > 0:
-                self._wake.clear()
                 want = min(free, batch)
                 claimed = await self._claim(want)
                 if claimed == want:
                     continue  # the queue may hold more: claim again (at once if slots are free)
-            else:
-                # Every slot is busy: only a freed slot (it sets the event) can change that, and
-                # the claim it triggers also answers a NOTIFY or rescue that came meanwhile. Left
-                # set, such a wake-up made this loop spin at full CPU until a slot freed (found
-                # by a tester).
-                self._wake.clear()
             timeout = self.settings.poll_interval_seconds * self._rng.uniform(0.8, 1.2)
             if self._blocked_seconds is not None and free > 0:
                 # Work is due but the provider's limits are spent: wait for the refill.
