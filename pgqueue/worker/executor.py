@@ -93,20 +93,97 @@ def _to_success(returned: Any) -> Outcome:
     )
 
 
-async def execute(job: Job, registry: Registry, settings: Settings, rng: random.Random) -> Outcome:
+class SharedDeadline:
+    """One timer for the jobs one claim started together, which share a deadline: at
+    ``seconds`` after creation it cancels those of them still inside :meth:`run`, whose
+    :meth:`run` then raises ``TimeoutError`` (what ``asyncio.timeout`` would have raised).
+
+    A claim of N jobs schedules one timer instead of N (``asyncio.timeout`` per job cost ~5 µs
+    of worker CPU per no-op job: ``docs/bench.md``). Its owner calls :meth:`finish` once per
+    job when the job is over; the timer is dropped after the last. As with ``asyncio.timeout``,
+    a cancellation of the task from elsewhere (a shutdown) is not turned into a timeout, and a
+    synchronous handler's thread is abandoned, not stopped.
+
+    Args:
+        seconds: the deadline, from now (``provider_timeout_seconds``).
+        jobs: how many jobs share it (calls of :meth:`finish` expected).
+    """
+
+    def __init__(self, seconds: float, jobs: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._left = jobs
+        self._running: set[asyncio.Task[Any]] = set()
+        self._expired: set[asyncio.Task[Any]] = set()
+        self._handle: asyncio.TimerHandle | None = loop.call_at(loop.time() + seconds, self._fire)
+        self._fired = False
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._fired = True
+        for task in self._running:
+            self._expired.add(task)
+            task.cancel()
+
+    async def run(self, awaitable: Any) -> Any:
+        """Await ``awaitable`` in the current task until the shared deadline.
+
+        Raises:
+            TimeoutError: the deadline passed first.
+            asyncio.CancelledError: the task was cancelled for another reason.
+        """
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("SharedDeadline.run() needs a running task")
+        if self._fired:  # already past the deadline
+            raise TimeoutError
+        before = task.cancelling()
+        self._running.add(task)
+        try:
+            return await awaitable
+        except asyncio.CancelledError:
+            if task in self._expired:
+                self._expired.discard(task)
+                if task.uncancel() <= before:
+                    raise TimeoutError from None  # only the deadline asked: a timeout
+            raise
+        finally:
+            self._running.discard(task)
+            if task in self._expired:  # expired, but the handler ignored the cancellation
+                self._expired.discard(task)
+                task.uncancel()
+
+    def finish(self) -> None:
+        """One of the jobs is over; after the last, the timer is cancelled."""
+        self._left -= 1
+        if self._left <= 0 and self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+async def execute(
+    job: Job,
+    registry: Registry,
+    settings: Settings,
+    rng: random.Random,
+    deadline: SharedDeadline | None = None,
+) -> Outcome:
     """Run ``job`` with the handler registered for its kind and return its outcome.
 
-    The handler gets ``provider_timeout_seconds`` (shorter than the lease). Retry delays come
-    from :func:`backoff_seconds`; throttle waits from :func:`throttle_wait_seconds` (the
-    provider's ``retry-after`` × 1.2 ± 20 %). Raises only ``asyncio.CancelledError``.
+    The handler gets ``provider_timeout_seconds`` (shorter than the lease), counted from here,
+    or from the claim when ``deadline`` (the claim's :class:`SharedDeadline`) is given. Retry
+    delays come from :func:`backoff_seconds`; throttle waits from :func:`throttle_wait_seconds`
+    (the provider's ``retry-after`` × 1.2 ± 20 %). Raises only ``asyncio.CancelledError``.
     """
     try:
         handler = registry.get(job.kind)
     except InvalidKind as exc:
         return Deferred(f"{exc} on this worker", UNHANDLED_KIND_DELAY_SECONDS)
     try:
-        async with asyncio.timeout(settings.provider_timeout_seconds):  # no extra task per job
-            returned = await _call(handler, job)
+        if deadline is None:
+            async with asyncio.timeout(settings.provider_timeout_seconds):
+                returned = await _call(handler, job)
+        else:
+            returned = await deadline.run(_call(handler, job))
     except RateLimited as exc:
         hint = _handler_delay(exc.retry_after_seconds, None)
         wait = throttle_wait_seconds(

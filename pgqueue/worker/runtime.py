@@ -37,7 +37,7 @@ from pgqueue.observability import metrics
 from pgqueue.settings import Settings
 from pgqueue.worker import leases, upkeep
 from pgqueue.worker.completer import Completer, run_named, transient_retry
-from pgqueue.worker.executor import execute
+from pgqueue.worker.executor import SharedDeadline, execute
 from pgqueue.worker.notifier import Notifier
 
 log = logging.getLogger("pgqueue.worker")
@@ -290,15 +290,18 @@ class Worker:
         self._blocked_seconds = None
         claimed = 0
         by_tier: Counter[str] = Counter()
+        # the jobs of one claim start together: one timer for their provider timeout
+        deadline = SharedDeadline(self.settings.provider_timeout_seconds, len(rows))
         for row in rows:
             if row["id"] is None:  # the provider's limits stopped the batch
                 self._blocked_seconds = float(row["blocked_seconds"])
                 metrics.RATELIMIT_WAITS.inc()
+                deadline.finish()
                 continue
             claimed += 1
             job = Job.from_row(row)
             by_tier[job.priority.value] += 1
-            task = asyncio.create_task(self._run_job(job), name=f"pgqueue-job-{job.id}")
+            task = asyncio.create_task(self._run_job(job, deadline), name=f"pgqueue-job-{job.id}")
             self._inflight[job.id] = (job, task)
         for tier, count in by_tier.items():
             metrics.JOBS_CLAIMED.labels(tier).inc(count)
@@ -314,15 +317,17 @@ class Worker:
                     row = await queries.arun(conn, "job_next_due")
         return None if row is None or row["seconds"] is None else float(row["seconds"])
 
-    async def _run_job(self, job: Job) -> None:
+    async def _run_job(self, job: Job, deadline: SharedDeadline) -> None:
         assert self._completer is not None
         outcome: Outcome
         released = False
         try:
             try:
-                outcome = await execute(job, self.registry, self.settings, self._rng)
+                outcome = await execute(job, self.registry, self.settings, self._rng, deadline)
             except asyncio.CancelledError:
                 outcome = Interrupted()
+            finally:
+                deadline.finish()
             self._recording.add(job.id)
             if len(self._flushing) < self.concurrency and self._completer.batches(job, outcome):
                 # Write-behind: the handler is done, so its slot frees now and the next claim

@@ -12,7 +12,7 @@ from pgqueue import Registry
 from pgqueue.errors import Defer, Discard, RateLimited, RetryLater
 from pgqueue.models import Deferred, Failed, HandlerResult, Job, Succeeded, Throttled, Tier
 from pgqueue.settings import Settings
-from pgqueue.worker.executor import execute
+from pgqueue.worker.executor import SharedDeadline, execute
 
 
 def job(kind: str, attempts: int = 1) -> Job:
@@ -188,3 +188,87 @@ def test_a_handler_result_at_the_limits_succeeds() -> None:
 
     outcome = asyncio.run(execute(job("edge.result"), r, Settings(), random.Random(0)))
     assert outcome == Succeeded(None, 0, 2_147_483_647)
+
+
+# --------------------------------------------------------------- one deadline for a claim's jobs
+
+
+async def test_jobs_of_one_claim_share_a_deadline_and_only_the_slow_ones_time_out() -> None:
+    """The worker gives the jobs of one claim one timer (SharedDeadline) instead of one
+    asyncio.timeout each: a job still in its handler at the deadline fails as timed out, the
+    others keep their outcomes, and the task is left with no cancellation pending."""
+    deadline = SharedDeadline(0.2, jobs=3)
+    reg = registry()
+    rng = random.Random(0)
+
+    async def one(kind: str) -> tuple[object, int]:
+        outcome = await execute(job(kind), reg, SETTINGS, rng, deadline)
+        deadline.finish()
+        task = asyncio.current_task()
+        assert task is not None
+        return outcome, task.cancelling()
+
+    results = await asyncio.gather(one("slow"), one("ok.dict"), one("slow"))
+    assert [type(o) for o, _ in results] == [Failed, Succeeded, Failed]
+    assert all("timed out" in o.error for o, _ in results if isinstance(o, Failed))
+    assert [pending for _, pending in results] == [0, 0, 0]
+
+
+async def test_a_shutdown_cancel_is_not_turned_into_a_timeout() -> None:
+    deadline = SharedDeadline(0.1, jobs=1)
+    task = asyncio.create_task(
+        execute(job("slow"), registry(), SETTINGS, random.Random(0), deadline)
+    )
+    await asyncio.sleep(0.02)
+    task.cancel()  # the worker's hard stop, before the deadline
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_shutdown_cancel_during_the_timeout_still_cancels() -> None:
+    """Both at once (the deadline fired and, while the handler cleaned up, a stop cancelled the
+    task): the stop wins, as with asyncio.timeout; the job goes back to the queue rather than
+    failing as timed out."""
+    deadline = SharedDeadline(0.05, jobs=1)
+    cleaning_up = asyncio.Event()
+
+    async def slow_cleanup() -> None:
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            cleaning_up.set()
+            await asyncio.sleep(5)
+            raise
+
+    task = asyncio.create_task(deadline.run(slow_cleanup()))
+    await cleaning_up.wait()  # the deadline fired
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_handler_that_swallows_the_deadline_keeps_its_result() -> None:
+    deadline = SharedDeadline(0.05, jobs=1)
+
+    async def swallowing() -> str:
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            return "kept"
+        return "slept"
+
+    async def run() -> tuple[str, int]:
+        value = await deadline.run(swallowing())
+        task = asyncio.current_task()
+        assert task is not None
+        return value, task.cancelling()
+
+    assert await asyncio.create_task(run()) == ("kept", 0)
+
+
+async def test_the_timer_is_dropped_once_every_job_of_the_claim_is_over() -> None:
+    deadline = SharedDeadline(0.05, jobs=2)
+    deadline.finish()
+    deadline.finish()
+    # no timer left: a late await past the former deadline is not cancelled
+    assert await deadline.run(asyncio.sleep(0.1, result="done")) == "done"
