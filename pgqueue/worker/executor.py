@@ -8,10 +8,12 @@ Cancellation propagates to the runtime, which records Interrupted.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 import math
 import random
+import threading
 import weakref
 from typing import Any
 
@@ -44,10 +46,33 @@ def _is_async_callable(fn: object) -> bool:
 _ASYNC_CALLABLE: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
+#: Calls of synchronous handlers whose thread has not returned yet (guarded by the lock): a
+#: timeout or a shutdown abandons the call, but Python cannot stop the thread.
+_sync_running = 0
+_sync_lock = threading.Lock()
+
+
+def sync_handlers_running() -> int:
+    """How many synchronous handlers are still running in a thread, abandoned or not: the
+    process cannot exit before they return."""
+    return _sync_running
+
+
+def _in_thread(handler: Handler, job: Job) -> Any:
+    global _sync_running
+    with _sync_lock:
+        _sync_running += 1
+    try:
+        return handler(job)
+    finally:
+        with _sync_lock:
+            _sync_running -= 1
+
+
 async def _call(handler: Handler, job: Job) -> Any:
     if _is_async_callable(handler):
         return await handler(job)  # type: ignore[misc]
-    result = await asyncio.to_thread(handler, job)
+    result = await asyncio.to_thread(_in_thread, handler, job)
     if inspect.isawaitable(result):
         return await result
     return result
@@ -94,50 +119,70 @@ def _to_success(returned: Any) -> Outcome:
 
 
 class SharedDeadline:
-    """One timer for the jobs one claim started together, which share a deadline: at
-    ``seconds`` after creation it cancels those of them still inside :meth:`run`, whose
-    :meth:`run` then raises ``TimeoutError`` (what ``asyncio.timeout`` would have raised).
+    """One timer for the provider timeouts of the jobs one claim started: each job gets
+    ``seconds`` from the moment its handler starts (:meth:`run`), as with ``asyncio.timeout``,
+    and a job still in its handler then is cancelled, its :meth:`run` raising ``TimeoutError``.
 
-    A claim of N jobs schedules one timer instead of N (``asyncio.timeout`` per job cost ~5 µs
-    of worker CPU per no-op job: ``docs/bench.md``). Its owner calls :meth:`finish` once per
-    job when the job is over; the timer is dropped after the last. As with ``asyncio.timeout``,
-    a cancellation of the task from elsewhere (a shutdown) is not turned into a timeout, and a
-    synchronous handler's thread is abandoned, not stopped.
+    The jobs of a claim start within moments of each other, so their deadlines come in the
+    order they started: one timer, armed for the earliest deadline of a job still running and
+    re-armed when it fires, serves them all, instead of a timer each (``asyncio.timeout`` per
+    job cost ~5 µs of worker CPU per no-op job: ``docs/bench.md``). It is armed by the first
+    job that starts, so a claim that took nothing costs nothing; its owner calls
+    :meth:`finish` once per job when the job is over, and after the last the timer goes. As
+    with ``asyncio.timeout``, a cancellation of the task from elsewhere (a shutdown) is not
+    turned into a timeout, and a synchronous handler's thread is abandoned, not stopped.
 
     Args:
-        seconds: the deadline, from now (``provider_timeout_seconds``).
+        seconds: each job's time in its handler (``provider_timeout_seconds``).
         jobs: how many jobs share it (calls of :meth:`finish` expected).
     """
 
     def __init__(self, seconds: float, jobs: int) -> None:
-        loop = asyncio.get_running_loop()
+        self._seconds = seconds
         self._left = jobs
+        # (deadline on the loop's clock, task) in the order the jobs started
+        self._started: collections.deque[tuple[float, asyncio.Task[Any]]] = collections.deque()
         self._running: set[asyncio.Task[Any]] = set()
         self._expired: set[asyncio.Task[Any]] = set()
-        self._handle: asyncio.TimerHandle | None = loop.call_at(loop.time() + seconds, self._fire)
-        self._fired = False
+        self._handle: asyncio.TimerHandle | None = None
+
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Arm the timer for the earliest deadline of a job still in its handler, if any."""
+        while self._started and self._started[0][1] not in self._running:
+            self._started.popleft()
+        if self._started:
+            self._handle = loop.call_at(self._started[0][0], self._fire)
 
     def _fire(self) -> None:
         self._handle = None
-        self._fired = True
-        for task in self._running:
-            self._expired.add(task)
-            task.cancel()
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while self._started:
+            deadline, task = self._started[0]
+            if task in self._running and deadline > now:
+                break
+            self._started.popleft()
+            if task in self._running:
+                self._expired.add(task)
+                task.cancel()
+        self._arm(loop)
 
     async def run(self, awaitable: Any) -> Any:
-        """Await ``awaitable`` in the current task until the shared deadline.
+        """Await ``awaitable`` in the current task, for at most ``seconds`` from now.
 
         Raises:
-            TimeoutError: the deadline passed first.
+            TimeoutError: the time ran out first.
             asyncio.CancelledError: the task was cancelled for another reason.
         """
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("SharedDeadline.run() needs a running task")
-        if self._fired:  # already past the deadline
-            raise TimeoutError
+        loop = asyncio.get_running_loop()
         before = task.cancelling()
         self._running.add(task)
+        self._started.append((loop.time() + self._seconds, task))
+        if self._handle is None:
+            self._arm(loop)
         try:
             return await awaitable
         except asyncio.CancelledError:
@@ -155,9 +200,11 @@ class SharedDeadline:
     def finish(self) -> None:
         """One of the jobs is over; after the last, the timer is cancelled."""
         self._left -= 1
-        if self._left <= 0 and self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        if self._left <= 0:
+            if self._handle is not None:
+                self._handle.cancel()
+                self._handle = None
+            self._started.clear()
 
 
 async def execute(
@@ -169,8 +216,8 @@ async def execute(
 ) -> Outcome:
     """Run ``job`` with the handler registered for its kind and return its outcome.
 
-    The handler gets ``provider_timeout_seconds`` (shorter than the lease), counted from here,
-    or from the claim when ``deadline`` (the claim's :class:`SharedDeadline`) is given. Retry
+    The handler gets ``provider_timeout_seconds`` (shorter than the lease) from its start,
+    timed by ``deadline`` (the claim's :class:`SharedDeadline`) when given. Retry
     delays come from :func:`backoff_seconds`; throttle waits from :func:`throttle_wait_seconds`
     (the provider's ``retry-after`` × 1.2 ± 20 %). Raises only ``asyncio.CancelledError``.
     """

@@ -37,7 +37,7 @@ from pgqueue.observability import metrics
 from pgqueue.settings import Settings
 from pgqueue.worker import leases, upkeep
 from pgqueue.worker.completer import Completer, run_named, transient_retry
-from pgqueue.worker.executor import SharedDeadline, execute
+from pgqueue.worker.executor import SharedDeadline, execute, sync_handlers_running
 from pgqueue.worker.notifier import Notifier
 
 log = logging.getLogger("pgqueue.worker")
@@ -226,6 +226,14 @@ class Worker:
                     await task
             await self._close_handlers()
             await self._pool.close()
+        threads = sync_handlers_running()
+        if threads:
+            # Found by a tester: the process then waited silently for the threads to return.
+            log.warning(
+                "%d synchronous handler(s) still running in a thread (timed out or interrupted: "
+                "Python cannot stop a thread); the process exits when they return",
+                threads,
+            )
         return self.stats
 
     def _check_schema(self) -> None:
@@ -363,13 +371,37 @@ class Worker:
         if not tasks:
             return
         # A burst run ends here with nothing in flight; a stop request gives running jobs the
-        # grace period, then returns the rest to the queue (Interrupted).
+        # grace period, then returns the rest to the queue (Interrupted). After a hard stop,
+        # the jobs of a claim that returned after it are interrupted too, at once (found by a
+        # tester: they ran on for the whole grace period).
+        if self._hard_stop:
+            for task in tasks:
+                task.cancel()
         grace = self.settings.shutdown_grace_seconds
         _done, pending = await asyncio.wait(tasks, timeout=grace)
         for task in pending:
             task.cancel()
         if pending:
             await asyncio.wait(pending)
+        await self._interrupt_unstarted()
+
+    async def _interrupt_unstarted(self) -> None:
+        """Return to the queue the jobs whose task was cancelled before its first step (a hard
+        stop right after their claim): their ``_run_job`` never ran, so nothing recorded them.
+        Found by a tester: they stayed ``running`` until their lease expired, and the rescue
+        counted an attempt they never had."""
+        assert self._completer is not None
+        for job, task in list(self._inflight.values()):
+            if not task.done():
+                continue
+            try:
+                state = await self._completer.record(job, Interrupted())
+            except Exception:
+                log.exception("job %s: could not return it to the queue; the rescuer will", job.id)
+                state = None
+            self.stats.outcomes[state or "lease_lost"] += 1
+            metrics.count_outcome(Interrupted(), state)
+            self._release(job)
 
     async def _heartbeat_loop(self) -> None:
         while True:

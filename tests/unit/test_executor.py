@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -266,9 +267,62 @@ async def test_a_handler_that_swallows_the_deadline_keeps_its_result() -> None:
     assert await asyncio.create_task(run()) == ("kept", 0)
 
 
-async def test_the_timer_is_dropped_once_every_job_of_the_claim_is_over() -> None:
-    deadline = SharedDeadline(0.05, jobs=2)
-    deadline.finish()
-    deadline.finish()
-    # no timer left: a late await past the former deadline is not cancelled
-    assert await deadline.run(asyncio.sleep(0.1, result="done")) == "done"
+def _spy_on_timers(monkeypatch: pytest.MonkeyPatch) -> list[asyncio.TimerHandle]:
+    """The timers the running loop schedules from now on."""
+    loop = asyncio.get_running_loop()
+    handles: list[asyncio.TimerHandle] = []
+    call_at = loop.call_at
+
+    def spy(when: float, callback: Any, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+        handle = call_at(when, callback, *args, **kwargs)
+        handles.append(handle)
+        return handle
+
+    monkeypatch.setattr(loop, "call_at", spy)
+    return handles
+
+
+async def test_one_timer_serves_a_claim_and_goes_when_its_jobs_are_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    handles = _spy_on_timers(monkeypatch)
+    deadline = SharedDeadline(30.0, jobs=3)
+    reg = registry()
+
+    async def one() -> object:
+        outcome = await execute(job("ok.dict"), reg, SETTINGS, random.Random(0), deadline)
+        deadline.finish()
+        return outcome
+
+    outcomes = await asyncio.gather(one(), one(), one())
+    assert all(isinstance(o, Succeeded) for o in outcomes)
+    assert len(handles) == 1  # not one per job
+    assert handles[0].cancelled()  # dropped with the last job, not left for 30 s
+
+
+async def test_a_claim_that_took_nothing_sets_no_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a tester: every empty claim left a timer of provider_timeout_seconds (90 s)
+    behind, thousands of them on a worker woken often."""
+    handles = _spy_on_timers(monkeypatch)
+    SharedDeadline(90.0, jobs=0)
+    assert handles == []
+
+
+async def test_each_job_gets_its_full_time_from_its_own_start() -> None:
+    """Found by a tester: the shared timer counted from the claim, so a job whose handler
+    started late (thousands of slots) got less than provider_timeout_seconds."""
+    deadline = SharedDeadline(0.4, jobs=2)
+
+    async def early() -> None:
+        await deadline.run(asyncio.sleep(5))
+
+    async def late() -> str:
+        await asyncio.sleep(0.3)  # starts its handler 0.3 s after the first
+        result: str = await deadline.run(asyncio.sleep(0.25, result="done"))
+        return result
+
+    first = asyncio.create_task(early())
+    second = asyncio.create_task(late())
+    with pytest.raises(TimeoutError):
+        await first  # 0.4 s after its start
+    assert await second == "done"  # 0.55 s after the first started, 0.25 s after its own start

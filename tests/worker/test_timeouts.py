@@ -5,6 +5,8 @@ claimed with it keep their own outcomes."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 
 import psycopg
 import pytest
@@ -52,3 +54,34 @@ async def test_slow_jobs_time_out_and_the_jobs_claimed_with_them_succeed(db_dsn:
             assert by_n[n] == ("failed", "timed out after 0.3 s", 1), n
         else:
             assert by_n[n] == ("succeeded", None, 1), n
+
+
+@pytest.mark.timeout(120)
+async def test_a_worker_says_when_a_synchronous_handler_outlives_it(
+    db_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by a tester: a synchronous handler past its timeout keeps its thread, and the
+    process waited for it after the worker stopped, without a word."""
+    registry = Registry()
+
+    @registry.handler("test.sync_slow")
+    def sync_slow(job: Job) -> None:  # a plain function: runs in a thread
+        time.sleep(1.5)
+
+    with psycopg.connect(db_dsn) as conn:
+        pgqueue.enqueue(
+            conn,
+            tenant_id="t",
+            origin="scheduled",
+            payload={},
+            kind="test.sync_slow",
+            max_attempts=1,
+        )
+        conn.commit()
+    settings = Settings(provider_timeout_seconds=0.2, poll_interval_seconds=0.1)
+    worker = Worker(db_dsn, settings, registry, concurrency=2, burst=True)
+    with caplog.at_level(logging.WARNING, logger="pgqueue.worker"):
+        stats = await worker.run(install_signal_handlers=False)
+
+    assert stats.outcomes == {"failed": 1}
+    assert any("synchronous handler(s) still running" in r.message for r in caplog.records)

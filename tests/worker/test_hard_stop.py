@@ -1,0 +1,73 @@
+"""A hard stop (a second SIGTERM, ``request_stop(hard=True)``) returns every claimed job to the
+queue at once, with no attempt used, including the jobs of a claim whose tasks never ran."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgqueue
+from pgqueue.handlers.registry import Registry
+from pgqueue.models import Job
+from pgqueue.settings import Settings
+from pgqueue.worker.runtime import Worker
+
+
+def _slow_registry() -> Registry:
+    registry = Registry()
+
+    @registry.handler("test.slow")
+    async def slow(job: Job) -> None:
+        await asyncio.sleep(60)
+
+    return registry
+
+
+def _enqueue(dsn: str, n: int) -> None:
+    with psycopg.connect(dsn) as conn:
+        pgqueue.enqueue_many(
+            conn, [pgqueue.JobSpec("t", "scheduled", {"n": i}, kind="test.slow") for i in range(n)]
+        )
+        conn.commit()
+
+
+def _states(dsn: str) -> list[tuple[str, int]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT state::text, attempts FROM pgqueue.jobs ORDER BY id").fetchall()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("stop", ["before_the_tasks_start", "during_the_claim"])
+async def test_a_hard_stop_returns_every_claimed_job_at_once(
+    db_dsn: str, monkeypatch: pytest.MonkeyPatch, stop: str
+) -> None:
+    """Found by a tester: a hard stop between a claim and its tasks' first step left the jobs
+    ``running`` (their task was cancelled before it ran, so nothing recorded them; the rescue
+    later counted an attempt they never had), and the jobs of a claim under way when the hard
+    stop came ran on for the whole grace period."""
+    _enqueue(db_dsn, 6)
+    worker = Worker(
+        db_dsn, Settings(shutdown_grace_seconds=30), _slow_registry(), concurrency=6, burst=True
+    )
+    claim = Worker._claim
+
+    async def claim_then_stop(self: Worker, limit: int) -> Any:
+        if stop == "during_the_claim":
+            self.request_stop(hard=True)
+            return await claim(self, limit)
+        claimed = await claim(self, limit)
+        self.request_stop(hard=True)  # the tasks exist, and none has run yet
+        return claimed
+
+    monkeypatch.setattr(Worker, "_claim", claim_then_stop)
+    started = time.monotonic()
+    stats = await worker.run(install_signal_handlers=False)
+
+    assert time.monotonic() - started < 20  # not the 30 s grace period
+    assert stats.claimed == 6
+    assert stats.outcomes == {"queued": 6}
+    assert _states(db_dsn) == [("queued", 0)] * 6  # back in the queue, no attempt used
