@@ -124,17 +124,23 @@ class Completer:
         self._ready = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._closing = False
+        # writes of single outcomes under way, shielded from their caller's cancellation
+        self._writes: set[asyncio.Task[str | None]] = set()
 
     def start(self) -> None:
         """Start the flusher task (on the running loop)."""
         self._flusher = asyncio.create_task(self._flush_loop(), name="pgqueue-completer")
 
     async def aclose(self) -> None:
-        """Write every pending success, then stop the flusher."""
+        """Write every pending success, then stop the flusher; wait for the single writes
+        still under way (their callers may have been cancelled), so that none is cut off by the
+        pool closing after this."""
         self._closing = True
         self._ready.set()
         if self._flusher is not None:
             await self._flusher
+        while self._writes:
+            await asyncio.wait(set(self._writes))
 
     def batches(self, job: Job, outcome: Outcome) -> bool:
         """Whether :meth:`record` writes this outcome with the next batch (a success that
@@ -155,7 +161,20 @@ class Completer:
             # No shield needed: the flusher task writes the batch whatever happens to the
             # caller; a cancelled caller only cancels its wait (the flusher skips done futures).
             return await future
-        return await asyncio.shield(self._record(job, outcome))
+        write = asyncio.ensure_future(self._record(job, outcome))
+        self._writes.add(write)
+        waiter = asyncio.shield(write)
+
+        def done(task: asyncio.Task[str | None]) -> None:
+            self._writes.discard(task)
+            error = None if task.cancelled() else task.exception()  # (retrieved: no GC warning)
+            if error is not None and waiter.cancelled():  # its caller is gone: say it here
+                log.warning(
+                    "job %s: could not record its outcome (%s); the rescuer will", job.id, error
+                )
+
+        write.add_done_callback(done)
+        return await waiter
 
     async def _flush_loop(self) -> None:
         while True:

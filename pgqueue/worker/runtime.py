@@ -132,7 +132,16 @@ class Worker:
         self._wake.set()
         if hard and not self._hard_stop:
             self._hard_stop = True
-            for _job, task in list(self._inflight.values()):
+            self._cancel_handlers()
+
+    def _cancel_handlers(self, tasks: set[asyncio.Task[None]] | None = None) -> None:
+        """Cancel the jobs (of ``tasks``, default all in flight) whose handler still runs. A job
+        whose outcome is being written is left to finish that write: cancelled, it abandoned
+        the write, the worker closed its pool under it, and the job stayed ``running`` with an
+        attempt used (found by a tester, with a hard stop or a grace period ending while
+        failures were being recorded)."""
+        for job, task in list(self._inflight.values()):
+            if job.id not in self._recording and (tasks is None or task in tasks):
                 task.cancel()
 
     def _on_signal(self) -> None:
@@ -375,12 +384,10 @@ class Worker:
         # the jobs of a claim that returned after it are interrupted too, at once (found by a
         # tester: they ran on for the whole grace period).
         if self._hard_stop:
-            for task in tasks:
-                task.cancel()
+            self._cancel_handlers()
         grace = self.settings.shutdown_grace_seconds
         _done, pending = await asyncio.wait(tasks, timeout=grace)
-        for task in pending:
-            task.cancel()
+        self._cancel_handlers(pending)
         if pending:
             await asyncio.wait(pending)
         await self._interrupt_unstarted()

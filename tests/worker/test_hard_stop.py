@@ -71,3 +71,44 @@ async def test_a_hard_stop_returns_every_claimed_job_at_once(
     assert stats.claimed == 6
     assert stats.outcomes == {"queued": 6}
     assert _states(db_dsn) == [("queued", 0)] * 6  # back in the queue, no attempt used
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("stop", ["hard", "grace_ends"])
+async def test_a_stop_while_outcomes_are_written_loses_none(
+    db_dsn: str, monkeypatch: pytest.MonkeyPatch, stop: str
+) -> None:
+    """Found by a tester: a hard stop, or the end of the grace period, while failures were
+    being written cancelled those writes (their shield was abandoned), the worker closed its
+    pool under them, and the jobs stayed ``running`` with the attempt used, to fail for good
+    at the rescue when it was their last."""
+    from pgqueue.worker.completer import Completer
+
+    registry = Registry()
+
+    @registry.handler("test.boom")
+    async def boom(job: Job) -> None:
+        raise RuntimeError("boom")
+
+    with psycopg.connect(db_dsn) as conn:
+        pgqueue.enqueue_many(
+            conn, [pgqueue.JobSpec("t", "scheduled", {"n": i}, kind="test.boom") for i in range(8)]
+        )
+        conn.commit()
+    grace = 0.2 if stop == "grace_ends" else 30.0
+    worker = Worker(
+        db_dsn, Settings(shutdown_grace_seconds=grace), registry, concurrency=8, burst=True
+    )
+    record = Completer._record
+
+    async def slow_record(self: Completer, job: Job, outcome: Any) -> Any:
+        if len(worker._recording) == 8 and not worker._stopping:  # all 8 are being written
+            worker.request_stop(hard=stop == "hard")
+        await asyncio.sleep(0.5)  # a slow commit, past the grace period
+        return await record(self, job, outcome)
+
+    monkeypatch.setattr(Completer, "_record", slow_record)
+    stats = await worker.run(install_signal_handlers=False)
+
+    assert stats.outcomes == {"queued": 8}  # each failure recorded (a retry later)
+    assert _states(db_dsn) == [("queued", 1)] * 8  # the attempt used, not left running
