@@ -142,6 +142,21 @@ class Completer:
         while self._writes:
             await asyncio.wait(set(self._writes))
 
+    def abandon(self) -> None:
+        """Stop writing: cancel the flusher and the single writes under way, and fail the
+        successes still waiting for a batch (a stopping worker whose database does not answer;
+        their jobs go back to the queue when their leases expire)."""
+        self._closing = True
+        if self._flusher is not None:
+            self._flusher.cancel()
+        for write in list(self._writes):
+            write.cancel()
+        gone = ConnectionError("the worker stopped before this outcome could be written")
+        for _job, _outcome, future in self._pending:
+            if not future.done():
+                future.set_exception(gone)
+        self._pending.clear()
+
     def batches(self, job: Job, outcome: Outcome) -> bool:
         """Whether :meth:`record` writes this outcome with the next batch (a success that
         teaches the rate limiter nothing), rather than with a statement of its own."""
@@ -183,7 +198,14 @@ class Completer:
             while self._pending:
                 batch = self._pending[: self.MAX_BATCH]
                 del self._pending[: len(batch)]
-                await self._flush(batch)
+                try:
+                    await self._flush(batch)
+                except asyncio.CancelledError:  # abandoned (abandon()): nobody writes these now
+                    gone = ConnectionError("the worker stopped before this outcome was written")
+                    for _job, _o, future in batch:
+                        if not future.done():
+                            future.set_exception(gone)
+                    raise
             if self._closing:
                 return
 

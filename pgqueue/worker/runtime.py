@@ -21,6 +21,7 @@ import socket
 import time
 import uuid
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,13 @@ from pgqueue.worker.executor import SharedDeadline, execute, sync_handlers_runni
 from pgqueue.worker.notifier import Notifier
 
 log = logging.getLogger("pgqueue.worker")
+
+#: How long a stopping worker waits for the outcome writes still under way once no handler runs
+#: (after the grace period, or a hard stop), before it leaves their jobs to the rescuer
+#: (seconds). Another signal ends the wait at once. Found by a tester: a write stuck on a
+#: database that stopped answering, or on rows another transaction held locked, kept a stopping
+#: worker alive through any number of signals.
+FINAL_WRITES_SECONDS = 10.0
 
 
 def builtin_registry(settings: Settings) -> Registry:
@@ -104,6 +112,10 @@ class Worker:
         self._rng = random.Random(seed)
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
+        # set by a hard stop: the grace period ends
+        self._hard_stopped = asyncio.Event()
+        # set by a signal after a hard stop: stop waiting for outcome writes
+        self._abandon = asyncio.Event()
         self._stopping = False
         self._hard_stop = False
         self._inflight: dict[int, tuple[Job, asyncio.Task[None]]] = {}
@@ -132,9 +144,10 @@ class Worker:
         self._wake.set()
         if hard and not self._hard_stop:
             self._hard_stop = True
+            self._hard_stopped.set()
             self._cancel_handlers()
 
-    def _cancel_handlers(self, tasks: set[asyncio.Task[None]] | None = None) -> None:
+    def _cancel_handlers(self, tasks: Collection[asyncio.Future[Any]] | None = None) -> None:
         """Cancel the jobs (of ``tasks``, default all in flight) whose handler still runs. A job
         whose outcome is being written is left to finish that write: cancelled, it abandoned
         the write, the worker closed its pool under it, and the job stayed ``running`` with an
@@ -145,7 +158,13 @@ class Worker:
                 task.cancel()
 
     def _on_signal(self) -> None:
-        if self._stopping:
+        if self._hard_stop:
+            log.warning(
+                "another signal: no more waiting for outcome writes; "
+                "their jobs go back to the queue when their leases expire"
+            )
+            self._abandon.set()
+        elif self._stopping:
             log.warning("second signal: returning running jobs to the queue")
             self.request_stop(hard=True)
         else:
@@ -224,9 +243,11 @@ class Worker:
             await self._produce()
             await self._drain()
         finally:
-            await self._completer.aclose()
-            if self._flushing:  # their successes are written: let them count their outcomes
-                await asyncio.wait([task for _job, task in self._flushing.values()])
+            closing = asyncio.ensure_future(self._completer.aclose())
+            if not await self._final_writes([closing]):
+                self._completer.abandon()
+            # their successes are written (or abandoned): let them count their outcomes
+            await self._final_writes([task for _job, task in self._flushing.values()])
             self._stop.set()
             for task in background:
                 task.cancel()
@@ -380,35 +401,55 @@ class Worker:
         if not tasks:
             return
         # A burst run ends here with nothing in flight; a stop request gives running jobs the
-        # grace period, then returns the rest to the queue (Interrupted). After a hard stop,
-        # the jobs of a claim that returned after it are interrupted too, at once (found by a
-        # tester: they ran on for the whole grace period).
+        # grace period (a hard stop ends it), then returns the rest to the queue (Interrupted).
+        # After a hard stop, the jobs of a claim that returned after it are interrupted too, at
+        # once (found by a tester: they ran on for the whole grace period).
         if self._hard_stop:
             self._cancel_handlers()
-        grace = self.settings.shutdown_grace_seconds
-        _done, pending = await asyncio.wait(tasks, timeout=grace)
+        pending = await _wait_all(tasks, self.settings.shutdown_grace_seconds, self._hard_stopped)
         self._cancel_handlers(pending)
-        if pending:
-            await asyncio.wait(pending)
+        await self._final_writes(pending)
         await self._interrupt_unstarted()
+
+    async def _final_writes(self, tasks: Collection[asyncio.Future[Any]]) -> bool:
+        """Wait for ``tasks`` (jobs writing their outcomes, or the completer closing) for at most
+        :data:`FINAL_WRITES_SECONDS`, or until another signal; cancel what is left then, and
+        return whether everything finished. A job whose write is abandoned stays ``running``
+        until its lease expires and the rescuer puts it back."""
+        remaining = await _wait_all(tasks, FINAL_WRITES_SECONDS, self._abandon)
+        if not remaining:
+            return True
+        log.warning(
+            "%d job(s) not recorded after %.0f s more (an outcome write the database does not "
+            "answer, or a handler that ignores cancellation); they go back to the queue when "
+            "their leases expire",
+            len(remaining),
+            FINAL_WRITES_SECONDS,
+        )
+        for task in remaining:
+            task.cancel()
+        return False
 
     async def _interrupt_unstarted(self) -> None:
         """Return to the queue the jobs whose task was cancelled before its first step (a hard
         stop right after their claim): their ``_run_job`` never ran, so nothing recorded them.
         Found by a tester: they stayed ``running`` until their lease expired, and the rescue
         counted an attempt they never had."""
+        unstarted = [job for job, task in self._inflight.values() if task.done()]
+        if unstarted:
+            await self._final_writes([asyncio.ensure_future(self._interrupt(j)) for j in unstarted])
+
+    async def _interrupt(self, job: Job) -> None:
         assert self._completer is not None
-        for job, task in list(self._inflight.values()):
-            if not task.done():
-                continue
-            try:
-                state = await self._completer.record(job, Interrupted())
-            except Exception:
-                log.exception("job %s: could not return it to the queue; the rescuer will", job.id)
-                state = None
-            self.stats.outcomes[state or "lease_lost"] += 1
-            metrics.count_outcome(Interrupted(), state)
+        try:
+            state = await self._completer.record(job, Interrupted())
+        except Exception:
+            log.exception("job %s: could not return it to the queue; the rescuer will", job.id)
+            state = None
+        finally:
             self._release(job)
+        self.stats.outcomes[state or "lease_lost"] += 1
+        metrics.count_outcome(Interrupted(), state)
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -467,3 +508,25 @@ class Worker:
             if closer is not None:
                 with contextlib.suppress(Exception):
                     await closer()
+
+
+async def _wait_all(
+    tasks: Collection[asyncio.Future[Any]], seconds: float, until: asyncio.Event
+) -> set[asyncio.Future[Any]]:
+    """Wait until every one of ``tasks`` is done, ``seconds`` have passed, or ``until`` is set;
+    return the tasks not done."""
+    remaining = {task for task in tasks if not task.done()}
+    if not remaining or until.is_set():
+        return remaining
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    stop = asyncio.ensure_future(until.wait())
+    try:
+        while remaining and not until.is_set() and loop.time() < end:
+            done, _ = await asyncio.wait(
+                remaining | {stop}, timeout=end - loop.time(), return_when=asyncio.FIRST_COMPLETED
+            )
+            remaining -= done
+    finally:
+        stop.cancel()
+    return remaining

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -33,6 +34,14 @@ def _enqueue(dsn: str, n: int) -> None:
             conn, [pgqueue.JobSpec("t", "scheduled", {"n": i}, kind="test.slow") for i in range(n)]
         )
         conn.commit()
+
+
+async def _eventually(check: Callable[[], bool]) -> None:
+    for _ in range(3000):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not reached in 30 s")
 
 
 def _states(dsn: str) -> list[tuple[str, int]]:
@@ -112,3 +121,58 @@ async def test_a_stop_while_outcomes_are_written_loses_none(
 
     assert stats.outcomes == {"queued": 8}  # each failure recorded (a retry later)
     assert _states(db_dsn) == [("queued", 1)] * 8  # the attempt used, not left running
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("end", ["time_runs_out", "another_signal"])
+async def test_a_stop_does_not_wait_forever_for_writes_the_database_holds(
+    db_dsn: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, end: str
+) -> None:
+    """Found by a tester: with the jobs' rows locked by another transaction (or a database that
+    stopped answering), the outcome writes of a stopping worker waited forever, through any
+    number of signals. Now a stop waits FINAL_WRITES_SECONDS for them, or until another signal
+    after the hard stop, then leaves their jobs to the rescuer and says so."""
+    import logging
+
+    from pgqueue.worker import runtime
+
+    monkeypatch.setattr(runtime, "FINAL_WRITES_SECONDS", 2.0 if end == "time_runs_out" else 60.0)
+    registry = Registry()
+    go = asyncio.Event()
+    started: set[int] = set()
+
+    @registry.handler("test.fail_later")
+    async def fail_later(job: Job) -> None:
+        started.add(job.id)
+        await go.wait()
+        raise RuntimeError("boom")
+
+    with psycopg.connect(db_dsn) as conn:
+        pgqueue.enqueue_many(
+            conn,
+            [pgqueue.JobSpec("t", "scheduled", {}, kind="test.fail_later") for _ in range(4)],
+        )
+        conn.commit()
+    worker = Worker(db_dsn, Settings(), registry, concurrency=4, burst=True)
+    run = asyncio.create_task(worker.run(install_signal_handlers=False))
+    await _eventually(lambda: len(started) == 4)
+    locker = await psycopg.AsyncConnection.connect(db_dsn)
+    try:
+        await locker.execute("SELECT id FROM pgqueue.jobs FOR UPDATE")  # held: writes wait
+        go.set()
+        await _eventually(lambda: len(worker._recording) == 4)
+        await asyncio.sleep(0.2)  # the four failures are being written, and wait on the lock
+        with caplog.at_level(logging.WARNING, logger="pgqueue.worker"):
+            worker._on_signal()  # stop
+            worker._on_signal()  # hard stop: the handlers are done, their writes wait
+            if end == "another_signal":
+                await asyncio.sleep(0.2)
+                worker._on_signal()  # stop waiting
+            began = time.monotonic()
+            await asyncio.wait_for(run, timeout=45)
+        assert time.monotonic() - began < 20
+        assert any("not recorded after" in r.message for r in caplog.records)
+    finally:
+        await locker.rollback()
+        await locker.close()
+    assert all(state in ("running", "queued") for state, _ in _states(db_dsn))
