@@ -268,10 +268,17 @@ class Completer:
     async def _record(self, job: Job, outcome: Outcome) -> str | None:
         name, params, success_state = self._statement(job, outcome)
         limiter = self._limiter_statement(job, outcome)
+        written = False
+        result: Any = None
         async for attempt in transient_retry():
             with attempt:
                 async with self._pool.connection() as conn:
-                    result = await queries.arun(conn, name, params)
+                    # A retry after the job's own statement committed runs only the limiter's:
+                    # run again, the fenced job statement found nothing and the recorded
+                    # outcome was reported as a lost lease (found by a tester).
+                    if not written:
+                        result = await queries.arun(conn, name, params)
+                        written = True
                     if limiter is not None:
                         await queries.arun(conn, *limiter)
         if success_state is not None:
