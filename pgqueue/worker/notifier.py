@@ -60,7 +60,11 @@ class Notifier:
                 conn = await psycopg.AsyncConnection.connect(
                     self._dsn, autocommit=True, application_name=APPLICATION_NAME
                 )
-                await conn.execute("LISTEN pgqueue_jobs")  # == CHANNEL
+                try:
+                    await conn.execute("LISTEN pgqueue_jobs")  # == CHANNEL
+                except BaseException:  # (found by a tester: the connection was left open)
+                    await conn.close()
+                    raise
                 self.connects += 1
                 self._on_wake()  # catch up on anything missed while not listening
                 return conn
