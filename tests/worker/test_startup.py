@@ -129,3 +129,34 @@ def test_sigterm_while_starting_stops_cleanly_before_any_claim(db_dsn: str) -> N
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "0 0"
+
+
+_LATE_SIGNAL = """
+import asyncio, os, signal, sys
+from pgqueue.cli.run import work_until_stopped
+from pgqueue.settings import Settings
+from pgqueue.worker.runtime import Worker
+
+worker = Worker(sys.argv[1], Settings(), burst=True)
+stats = asyncio.run(work_until_stopped(worker))
+os.kill(os.getpid(), signal.SIGTERM)  # a signal after the worker has stopped
+os.kill(os.getpid(), signal.SIGINT)
+print("alive", stats.claimed)
+"""
+
+
+def test_a_signal_after_the_worker_stopped_does_not_kill_the_process(db_dsn: str) -> None:
+    """Found by a tester: `pgqueue work` removed its signal handlers when the worker returned,
+    so a second SIGTERM or SIGINT arriving while the process exited killed it (143 or 130),
+    at times before it printed its summary."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "PGQUEUE_"))}
+    done = subprocess.run(
+        [sys.executable, "-c", _LATE_SIGNAL, db_dsn],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "alive 0"
