@@ -117,18 +117,23 @@ print(stats.claimed, len(claims))
 def test_sigterm_while_starting_stops_cleanly_before_any_claim(db_dsn: str) -> None:
     """Found by a tester: a SIGTERM in the first seconds of `pgqueue work` (schema check, SDK
     load) killed the process (exit 143): the signal handlers went in only after start-up."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "PGQUEUE_"))}
-    env["ANTHROPIC_API_KEY"] = "sandbox-key"
-    done = subprocess.run(
-        [sys.executable, "-c", _SIGTERM_WHILE_STARTING, db_dsn],
+    done = _run_script(_SIGTERM_WHILE_STARTING, db_dsn, ANTHROPIC_API_KEY="sandbox-key")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0 0"
+
+
+def _run_script(script: str, dsn: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` (argv[1] = ``dsn``) in a fresh interpreter, without the caller's
+    ``ANTHROPIC_*`` and ``PGQUEUE_*`` settings (plus ``env``)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "PGQUEUE_"))}
+    return subprocess.run(
+        [sys.executable, "-c", script, dsn],
         check=False,
         capture_output=True,
         text=True,
-        env=env,
+        env={**clean, **env},
         timeout=60,
     )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "0 0"
 
 
 _LATE_SIGNAL = """
@@ -149,14 +154,6 @@ def test_a_signal_after_the_worker_stopped_does_not_kill_the_process(db_dsn: str
     """Found by a tester: `pgqueue work` removed its signal handlers when the worker returned,
     so a second SIGTERM or SIGINT arriving while the process exited killed it (143 or 130),
     at times before it printed its summary."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "PGQUEUE_"))}
-    done = subprocess.run(
-        [sys.executable, "-c", _LATE_SIGNAL, db_dsn],
-        check=False,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    done = _run_script(_LATE_SIGNAL, db_dsn)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "alive 0"
