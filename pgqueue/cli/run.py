@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
-import os
-import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -25,11 +22,7 @@ from pgqueue.cli import (
     console,
     err_console,
 )
-
-if TYPE_CHECKING:
-    from pgqueue.worker.runtime import Worker, WorkerStats
-
-_log = logging.getLogger("pgqueue.worker")
+from pgqueue.worker.shutdown import work_until_stopped
 
 
 @app.command()
@@ -77,30 +70,6 @@ def work(
     stats = asyncio.run(work_until_stopped(worker))
     done = ", ".join(f"{k} {v}" for k, v in sorted(stats.outcomes.items())) or "nothing"
     console.print(f"worker {worker.worker_id} stopped: claimed {stats.claimed} ({done})")
-
-
-async def work_until_stopped(worker: Worker) -> WorkerStats:
-    """Run ``worker`` with its signal handlers; once it has returned, a late SIGTERM or SIGINT
-    no longer kills the process before it prints its summary (found by a tester: two signals
-    10 ms apart to an idle worker exited 143 every time). A late signal while abandoned
-    synchronous handlers' threads keep the process alive ends it at once, exit 128 + signal.
-    """
-    try:
-        return await worker.run()
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, _late_signal)
-
-
-def _late_signal(signum: int, _frame: object) -> None:
-    from pgqueue.worker.executor import sync_handlers_running
-
-    name = signal.Signals(signum).name
-    threads = sync_handlers_running()
-    if threads:
-        _log.warning("%s: exiting now, leaving %d synchronous handler thread(s)", name, threads)
-        os._exit(128 + signum)
-    _log.warning("%s: the worker has already stopped; exiting", name)
 
 
 @app.command()

@@ -151,10 +151,7 @@ class Completer:
             self._flusher.cancel()
         for write in list(self._writes):
             write.cancel()
-        gone = ConnectionError("the worker stopped before this outcome could be written")
-        for _job, _outcome, future in self._pending:
-            if not future.done():
-                future.set_exception(gone)
+        _fail_abandoned(self._pending)
         self._pending.clear()
 
     def batches(self, job: Job, outcome: Outcome) -> bool:
@@ -201,10 +198,7 @@ class Completer:
                 try:
                     await self._flush(batch)
                 except asyncio.CancelledError:  # abandoned (abandon()): nobody writes these now
-                    gone = ConnectionError("the worker stopped before this outcome was written")
-                    for _job, _o, future in batch:
-                        if not future.done():
-                            future.set_exception(gone)
+                    _fail_abandoned(batch)
                     raise
             if self._closing:
                 return
@@ -365,3 +359,11 @@ class Completer:
                 return ("job_interrupt", {**key, "error": reason, "delay_seconds": delay}, "queued")
             case _:
                 assert_never(outcome)
+
+
+def _fail_abandoned(batch: list[tuple[Job, Succeeded, asyncio.Future[str | None]]]) -> None:
+    """Fail the waits of successes a stopping worker abandoned (their callers record nothing)."""
+    gone = ConnectionError("the worker stopped before this outcome was written")
+    for _job, _outcome, future in batch:
+        if not future.done():
+            future.set_exception(gone)

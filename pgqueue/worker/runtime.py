@@ -36,19 +36,12 @@ from pgqueue.handlers.registry import NOOP_KIND, Registry, noop
 from pgqueue.models import Interrupted, Job, Outcome
 from pgqueue.observability import metrics
 from pgqueue.settings import Settings
-from pgqueue.worker import leases, upkeep
+from pgqueue.worker import leases, shutdown, upkeep
 from pgqueue.worker.completer import Completer, run_named, transient_retry
 from pgqueue.worker.executor import SharedDeadline, execute, sync_handlers_running
 from pgqueue.worker.notifier import Notifier
 
 log = logging.getLogger("pgqueue.worker")
-
-#: How long a stopping worker waits for the outcome writes still under way once no handler runs
-#: (after the grace period, or a hard stop), before it leaves their jobs to the rescuer
-#: (seconds). Another signal ends the wait at once. Found by a tester: a write stuck on a
-#: database that stopped answering, or on rows another transaction held locked, kept a stopping
-#: worker alive through any number of signals.
-FINAL_WRITES_SECONDS = 10.0
 
 
 def builtin_registry(settings: Settings) -> Registry:
@@ -381,8 +374,7 @@ class Worker:
             except Exception:
                 log.exception("job %s: could not record its outcome; the rescuer will", job.id)
                 state = None
-            self.stats.outcomes[state or "lease_lost"] += 1
-            metrics.count_outcome(outcome, state)
+            self._count(outcome, state)
         finally:
             self._flushing.pop(job.id, None)
             self._recording.discard(job.id)
@@ -406,29 +398,16 @@ class Worker:
         # once (found by a tester: they ran on for the whole grace period).
         if self._hard_stop:
             self._cancel_handlers()
-        pending = await _wait_all(tasks, self.settings.shutdown_grace_seconds, self._hard_stopped)
+        pending = await shutdown.wait_all(
+            tasks, self.settings.shutdown_grace_seconds, self._hard_stopped
+        )
         self._cancel_handlers(pending)
         await self._final_writes(pending)
         await self._interrupt_unstarted()
 
     async def _final_writes(self, tasks: Collection[asyncio.Future[Any]]) -> bool:
-        """Wait for ``tasks`` (jobs writing their outcomes, or the completer closing) for at most
-        :data:`FINAL_WRITES_SECONDS`, or until another signal; cancel what is left then, and
-        return whether everything finished. A job whose write is abandoned stays ``running``
-        until its lease expires and the rescuer puts it back."""
-        remaining = await _wait_all(tasks, FINAL_WRITES_SECONDS, self._abandon)
-        if not remaining:
-            return True
-        log.warning(
-            "%d job(s) not recorded after %.0f s more (an outcome write the database does not "
-            "answer, or a handler that ignores cancellation); they go back to the queue when "
-            "their leases expire",
-            len(remaining),
-            FINAL_WRITES_SECONDS,
-        )
-        for task in remaining:
-            task.cancel()
-        return False
+        """:func:`shutdown.final_writes`, ended early by another signal after a hard stop."""
+        return await shutdown.final_writes(tasks, self._abandon)
 
     async def _interrupt_unstarted(self) -> None:
         """Return to the queue the jobs whose task was cancelled before its first step (a hard
@@ -448,8 +427,12 @@ class Worker:
             state = None
         finally:
             self._release(job)
+        self._count(Interrupted(), state)
+
+    def _count(self, outcome: Outcome, state: str | None) -> None:
+        """Count a recorded outcome (``state`` None: the lease was lost, or the write failed)."""
         self.stats.outcomes[state or "lease_lost"] += 1
-        metrics.count_outcome(Interrupted(), state)
+        metrics.count_outcome(outcome, state)
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -508,25 +491,3 @@ class Worker:
             if closer is not None:
                 with contextlib.suppress(Exception):
                     await closer()
-
-
-async def _wait_all(
-    tasks: Collection[asyncio.Future[Any]], seconds: float, until: asyncio.Event
-) -> set[asyncio.Future[Any]]:
-    """Wait until every one of ``tasks`` is done, ``seconds`` have passed, or ``until`` is set;
-    return the tasks not done."""
-    remaining = {task for task in tasks if not task.done()}
-    if not remaining or until.is_set():
-        return remaining
-    loop = asyncio.get_running_loop()
-    end = loop.time() + seconds
-    stop = asyncio.ensure_future(until.wait())
-    try:
-        while remaining and not until.is_set() and loop.time() < end:
-            done, _ = await asyncio.wait(
-                remaining | {stop}, timeout=end - loop.time(), return_when=asyncio.FIRST_COMPLETED
-            )
-            remaining -= done
-    finally:
-        stop.cancel()
-    return remaining

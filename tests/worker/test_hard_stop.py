@@ -134,9 +134,9 @@ async def test_a_stop_does_not_wait_forever_for_writes_the_database_holds(
     after the hard stop, then leaves their jobs to the rescuer and says so."""
     import logging
 
-    from pgqueue.worker import runtime
+    from pgqueue.worker import shutdown
 
-    monkeypatch.setattr(runtime, "FINAL_WRITES_SECONDS", 2.0 if end == "time_runs_out" else 60.0)
+    monkeypatch.setattr(shutdown, "FINAL_WRITES_SECONDS", 2.0 if end == "time_runs_out" else 60.0)
     registry = Registry()
     go = asyncio.Event()
     started: set[int] = set()

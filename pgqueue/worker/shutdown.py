@@ -1,0 +1,92 @@
+"""How a stopping worker bounds its waits, and how ``pgqueue work`` treats signals once its
+worker has stopped.
+
+A stop gives running handlers the grace period (a hard stop ends it); the outcome writes still
+under way then get :data:`FINAL_WRITES_SECONDS` more, or less if another signal comes, and what
+is left is abandoned: those jobs stay ``running`` until their leases expire and the rescuer puts
+them back. Found by a tester: a write stuck on a database that stopped answering, or on rows
+another transaction held locked, kept a stopping worker alive through any number of signals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pgqueue.worker.runtime import Worker, WorkerStats
+
+log = logging.getLogger("pgqueue.worker")
+
+#: How long a stopping worker waits for the outcome writes still under way once no handler runs
+#: (after the grace period, or a hard stop), before it leaves their jobs to the rescuer (seconds).
+FINAL_WRITES_SECONDS = 10.0
+
+
+async def wait_all(
+    tasks: Collection[asyncio.Future[Any]], seconds: float, until: asyncio.Event
+) -> set[asyncio.Future[Any]]:
+    """Wait until every one of ``tasks`` is done, ``seconds`` have passed, or ``until`` is set;
+    return the tasks not done."""
+    remaining = {task for task in tasks if not task.done()}
+    if not remaining or until.is_set():
+        return remaining
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    stop = asyncio.ensure_future(until.wait())
+    try:
+        while remaining and not until.is_set() and loop.time() < end:
+            done, _ = await asyncio.wait(
+                remaining | {stop}, timeout=end - loop.time(), return_when=asyncio.FIRST_COMPLETED
+            )
+            remaining -= done
+    finally:
+        stop.cancel()
+    return remaining
+
+
+async def final_writes(tasks: Collection[asyncio.Future[Any]], abandon: asyncio.Event) -> bool:
+    """Wait for ``tasks`` (jobs writing their outcomes, or the completer closing) for at most
+    :data:`FINAL_WRITES_SECONDS`, or until ``abandon`` is set (another signal); cancel what is
+    left then, saying so, and return whether everything finished."""
+    remaining = await wait_all(tasks, FINAL_WRITES_SECONDS, abandon)
+    if not remaining:
+        return True
+    log.warning(
+        "%d job(s) not recorded after %.0f s more (an outcome write the database does not "
+        "answer, or a handler that ignores cancellation); they go back to the queue when "
+        "their leases expire",
+        len(remaining),
+        FINAL_WRITES_SECONDS,
+    )
+    for task in remaining:
+        task.cancel()
+    return False
+
+
+async def work_until_stopped(worker: Worker) -> WorkerStats:
+    """Run ``worker`` with its signal handlers; once it has returned, a late SIGTERM or SIGINT
+    no longer kills the process before it prints its summary (found by a tester: two signals
+    10 ms apart to an idle worker exited 143 every time). A late signal while abandoned
+    synchronous handlers' threads keep the process alive ends it at once, exit 128 + signal.
+    """
+    try:
+        return await worker.run()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _late_signal)
+
+
+def _late_signal(signum: int, _frame: object) -> None:
+    from pgqueue.worker.executor import sync_handlers_running
+
+    name = signal.Signals(signum).name
+    threads = sync_handlers_running()
+    if threads:
+        log.warning("%s: exiting now, leaving %d synchronous handler thread(s)", name, threads)
+        os._exit(128 + signum)
+    log.warning("%s: the worker has already stopped; exiting", name)
