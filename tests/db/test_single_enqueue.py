@@ -1,0 +1,162 @@
+"""Revision 0019: a single job of a registered tenant is inserted with its bookkeeping (DRR
+inbox, queue counts, NOTIFY, the tenant's lock) in one statement, and the insert trigger is
+skipped for that statement only. Whatever path a job takes, the books must end the same."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgqueue
+
+PAYLOAD = {
+    "model": "claude-haiku-4-5",
+    "max_tokens": 8,
+    "messages": [{"role": "user", "content": "hi"}],
+}
+RAW_INSERT = (
+    "INSERT INTO pgqueue.jobs (tenant_id, origin, priority, payload)"
+    " VALUES (%s, 'user_action', 'critical', '{}'::jsonb)"
+)
+TRIGGER_CALLS = (
+    "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions"
+    " WHERE schemaname = 'pgqueue' AND funcname = 'jobs_after_insert'"
+)
+
+
+def _books(c: psycopg.Connection[Any]) -> tuple[dict[Any, int], dict[Any, int]]:
+    """(counters, queued jobs), each keyed by (tier, tenant) and (tier, None) for a tier."""
+    counters = dict(
+        c.execute(
+            "SELECT (tier::text, tenant_id), sum(queued)::int FROM pgqueue.queue_counts"
+            " GROUP BY 1 HAVING sum(queued) <> 0"
+        ).fetchall()
+    )
+    queued = dict(
+        c.execute(
+            "SELECT (priority::text, tenant_id), count(*)::int FROM pgqueue.jobs"
+            " WHERE state = 'queued' GROUP BY GROUPING SETS ((priority, tenant_id), (priority))"
+        ).fetchall()
+    )
+    return counters, queued
+
+
+def _register(dsn: str, *tenants: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for tenant in tenants:
+            c.execute("SELECT pgqueue.ensure_tenant(%s)", (tenant,))
+
+
+def test_every_path_of_a_single_enqueue_keeps_the_same_books(db_dsn: str) -> None:
+    _register(db_dsn, "a", "b")
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("SET track_functions = 'pl'")
+        with c.transaction():
+            pgqueue.enqueue(c, tenant_id="a", origin="user_action", payload=PAYLOAD)
+            pgqueue.enqueue(c, tenant_id="b", origin="scheduled", payload=PAYLOAD, sla_seconds=60)
+            pgqueue.enqueue(c, tenant_id="a", origin="batch_job", payload=PAYLOAD)
+            # The three took the one-statement path: the trigger never ran.
+            assert c.execute(TRIGGER_CALLS).fetchone() == (0,)
+        # The other paths: a new tenant, a dedupe key, REPEATABLE READ, a demoted tenant, a
+        # capped tier, a job due later, and a plain INSERT.
+        pgqueue.enqueue(c, tenant_id="new", origin="user_action", payload=PAYLOAD)
+        pgqueue.enqueue(c, tenant_id="a", origin="user_action", payload=PAYLOAD, dedupe_key="k")
+        c.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        pgqueue.enqueue(c, tenant_id="b", origin="user_action", payload=PAYLOAD)
+        c.execute("COMMIT")
+        c.execute(
+            "INSERT INTO pgqueue.demotions (tenant_id, reason, expires_at)"
+            " VALUES ('b', 'test', now() + interval '1 hour')"
+        )
+        pgqueue.enqueue(c, tenant_id="b", origin="user_action", payload=PAYLOAD)
+        c.execute("SELECT pgqueue.admission_set('standard', 100, NULL, 'reject')")
+        pgqueue.enqueue(c, tenant_id="a", origin="scheduled", payload=PAYLOAD, sla_seconds=60)
+        later = datetime.now(UTC) + timedelta(hours=1)
+        pgqueue.enqueue(c, tenant_id="a", origin="user_action", payload=PAYLOAD, run_at=later)
+        c.execute(RAW_INSERT, ("b",))
+        counters, queued = _books(c)
+        assert counters == queued
+        assert sum(n for (tier, tenant), n in queued.items() if tenant is None) == 10
+        inbox = c.execute(
+            "SELECT tier::text, tenant_id, count(*)::int FROM pgqueue.drr_inbox GROUP BY 1, 2"
+        ).fetchall()
+        assert {(tier, tenant): n for tier, tenant, n in inbox} == {
+            key: n for key, n in queued.items() if key[1] is not None
+        }
+
+
+def test_the_trigger_still_runs_for_the_rest_of_the_transaction(db_dsn: str) -> None:
+    """The setting that skips the trigger lasts one statement, and a failed statement's
+    setting goes with its savepoint: later inserts in the same transaction are counted."""
+    _register(db_dsn, "a")
+    with psycopg.connect(db_dsn) as c:
+        pgqueue.enqueue(c, tenant_id="a", origin="user_action", payload=PAYLOAD)
+        c.execute(RAW_INSERT, ("a",))
+        assert c.execute("SELECT current_setting('pgqueue.insert_bookkept', true)").fetchone()[
+            0
+        ] in ("", None)
+        with pytest.raises(psycopg.errors.CheckViolation), c.transaction():
+            # Past the range a job's run_at may take: the one statement fails with the
+            # setting on, and the savepoint takes both back.
+            c.execute(
+                "SELECT * FROM pgqueue.try_enqueue('a', 'user_action', %s::jsonb,"
+                " run_at => 'infinity')",
+                (psycopg.types.json.Jsonb(PAYLOAD),),
+            )
+        c.execute(RAW_INSERT, ("a",))
+        c.commit()
+        counters, queued = _books(c)
+        assert counters == queued == {("critical", "a"): 3, ("critical", None): 3}
+
+
+@pytest.mark.timeout(60)
+def test_a_registered_tenant_is_held_until_the_enqueue_commits(db_dsn: str) -> None:
+    _register(db_dsn, "a")
+    outcome: list[BaseException | None] = []
+    with psycopg.connect(db_dsn) as producer:
+        pgqueue.enqueue(producer, tenant_id="a", origin="user_action", payload=PAYLOAD)
+
+        def delete() -> None:
+            try:
+                with psycopg.connect(db_dsn, autocommit=True) as d:
+                    d.execute("DELETE FROM pgqueue.tenants WHERE tenant_id = 'a'")
+                outcome.append(None)
+            except psycopg.Error as exc:
+                outcome.append(exc)
+
+        deleter = threading.Thread(target=delete)
+        deleter.start()
+        deleter.join(timeout=1.0)
+        assert deleter.is_alive()  # blocked on the enqueue's FOR KEY SHARE, not racing past it
+        producer.commit()
+        deleter.join(timeout=30)
+    assert len(outcome) == 1 and isinstance(outcome[0], psycopg.errors.ForeignKeyViolation)
+
+
+def test_the_one_statement_path_wakes_workers_on_commit(db_dsn: str) -> None:
+    _register(db_dsn, "a")
+    with psycopg.connect(db_dsn, autocommit=True) as listener, psycopg.connect(db_dsn) as conn:
+        listener.execute("LISTEN pgqueue_jobs")
+        pgqueue.enqueue(conn, tenant_id="a", origin="scheduled", payload=PAYLOAD, sla_seconds=60)
+        conn.commit()
+        got = list(listener.notifies(timeout=5, stop_after=1))
+    assert [n.payload for n in got] == ["standard"]
+
+
+def test_counter_rows_held_by_others_get_new_rows(db_dsn: str) -> None:
+    _register(db_dsn, "a")
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        pgqueue.enqueue(c, tenant_id="a", origin="user_action", payload=PAYLOAD)
+    with psycopg.connect(db_dsn) as holder, psycopg.connect(db_dsn, autocommit=True) as c:
+        holder.execute("SELECT 1 FROM pgqueue.queue_counts FOR UPDATE")
+        c.execute("SET lock_timeout = '5s'")
+        pgqueue.enqueue(c, tenant_id="a", origin="user_action", payload=PAYLOAD)  # no wait
+        holder.commit()
+        rows = c.execute("SELECT count(*) FROM pgqueue.queue_counts").fetchone()[0]
+        counters, queued = _books(c)
+    assert rows == 4  # two keys, each with its held row and a new one
+    assert counters == queued == {("critical", "a"): 2, ("critical", None): 2}
