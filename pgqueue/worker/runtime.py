@@ -37,11 +37,16 @@ from pgqueue.models import Interrupted, Job, Outcome
 from pgqueue.observability import metrics
 from pgqueue.settings import Settings
 from pgqueue.worker import leases, shutdown, upkeep
-from pgqueue.worker.completer import Completer, run_named, transient_retry
+from pgqueue.worker.completer import Completer, is_transient, run_named, transient_retry
 from pgqueue.worker.executor import SharedDeadline, execute, sync_handlers_running
 from pgqueue.worker.notifier import Notifier
 
 log = logging.getLogger("pgqueue.worker")
+
+#: Pause between claims while the database does not answer (after the retries of one claim).
+OUTAGE_PAUSE_SECONDS = 1.0
+#: How often a continuing outage is logged again.
+OUTAGE_REPORT_SECONDS = 60.0
 
 
 def builtin_registry(settings: Settings) -> Registry:
@@ -264,48 +269,90 @@ class Worker:
             check_schema(conn)
 
     async def _produce(self) -> None:
+        """Claim until stopped (or, in burst mode, until nothing is left to run).
+
+        A database that stops answering does not end the worker: a claim that outlived
+        :func:`transient_retry` is logged and tried again after a pause (until a stop), while
+        the jobs already claimed run on, and their outcomes are retried by the completer.
+        (Found by a tester: after an outage of over 30 s the worker exited 1 without draining
+        its jobs, and their writes then failed on the closed pool.)
+        """
         batch = min(self.concurrency, self.settings.claim_batch_max or self.concurrency)
+        outage_since: float | None = None
+        reported = 0.0
         while not self._stopping:
+            try:
+                more = await self._produce_once(batch)
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                now = time.monotonic()
+                if outage_since is None:
+                    outage_since = reported = now
+                    log.warning(
+                        "database unavailable (%s): %d job(s) keep running; claiming again "
+                        "when it answers",
+                        exc,
+                        len(self._inflight),
+                    )
+                elif now - reported >= OUTAGE_REPORT_SECONDS:
+                    reported = now
+                    log.warning("database unavailable for %.0f s; still trying", now - outage_since)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), OUTAGE_PAUSE_SECONDS)
+                continue
+            if outage_since is not None:
+                log.warning(
+                    "database available again after %.0f s", time.monotonic() - outage_since
+                )
+                outage_since = None
+            if not more:
+                return
+
+    async def _produce_once(self, batch: int) -> bool:
+        """One claim (when slots are free), then a wait for a reason to claim again; False when a
+        burst worker has nothing left to run."""
+        free = self.concurrency - len(self._inflight)
+        fold = 0 < free < min(batch, self.concurrency // 2)
+        if fold and self.settings.claim_fold_seconds > 0:
+            # Busy: let a few more slots free up so that one claim takes several jobs.
+            await asyncio.sleep(self.settings.claim_fold_seconds)
             free = self.concurrency - len(self._inflight)
-            fold = 0 < free < min(batch, self.concurrency // 2)
-            if fold and self.settings.claim_fold_seconds > 0:
-                # Busy: let a few more slots free up so that one claim takes several jobs.
-                await asyncio.sleep(self.settings.claim_fold_seconds)
-                free = self.concurrency - len(self._inflight)
-            claimed = 0
-            # Whatever woke the producer is answered now: by this claim or, with every slot
-            # busy, by the claim a freed slot (it sets the event again) triggers. Left set while
-            # every slot was busy, a wake-up made this loop spin at full CPU (found by a tester).
-            self._wake.clear()
-            if free > 0:
-                want = min(free, batch)
-                claimed = await self._claim(want)
-                if claimed == want:
-                    continue  # the queue may hold more: claim again (at once if slots are free)
-            timeout = self.settings.poll_interval_seconds * self._rng.uniform(0.8, 1.2)
-            if self._blocked_seconds is not None and free > 0:
-                # Work is due but the provider's limits are spent: wait for the refill.
-                timeout = min(timeout, max(self._blocked_seconds, 0.01))
-            elif free > 0 and claimed == 0:
+        claimed = 0
+        # Whatever woke the producer is answered now: by this claim or, with every slot
+        # busy, by the claim a freed slot (it sets the event again) triggers. Left set while
+        # every slot was busy, a wake-up made this loop spin at full CPU (found by a tester).
+        self._wake.clear()
+        if free > 0:
+            want = min(free, batch)
+            claimed = await self._claim(want)
+            if claimed == want:
+                return True  # the queue may hold more: claim again (at once if slots are free)
+        timeout = self.settings.poll_interval_seconds * self._rng.uniform(0.8, 1.2)
+        if self._blocked_seconds is not None and free > 0:
+            # Work is due but the provider's limits are spent: wait for the refill.
+            timeout = min(timeout, max(self._blocked_seconds, 0.01))
+        elif free > 0 and claimed == 0:
+            due = await self._next_due()
+            if (
+                self.burst
+                and not self._inflight
+                and (due is None or due > self.settings.burst_horizon_seconds)
+            ):
+                if await self._rescue_once():
+                    return True  # expired leases went back to the queue: run them first
+                # The background rescuer may just have put jobs back (found by a tester:
+                # a burst worker started beside expired leases exited with them queued).
                 due = await self._next_due()
-                if (
-                    self.burst
-                    and not self._inflight
-                    and (due is None or due > self.settings.burst_horizon_seconds)
-                ):
-                    if await self._rescue_once():
-                        continue  # expired leases went back to the queue: run them first
-                    # The background rescuer may just have put jobs back (found by a tester:
-                    # a burst worker started beside expired leases exited with them queued).
-                    due = await self._next_due()
-                    if due is not None and due <= self.settings.burst_horizon_seconds:
-                        continue
-                    log.info("burst: nothing left to run; exiting")
-                    return
-                if due is not None:
-                    timeout = min(timeout, max(due, 0.01))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                if due is not None and due <= self.settings.burst_horizon_seconds:
+                    return True
+                log.info("burst: nothing left to run; exiting")
+                return False
+            if due is not None:
+                timeout = min(timeout, max(due, 0.01))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        return True
 
     async def _claim(self, limit: int) -> int:
         assert self._pool is not None

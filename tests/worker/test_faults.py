@@ -252,3 +252,60 @@ def test_twenty_sigkills_beside_a_second_worker(db_dsn, tmp_path):
         writer = int(by_id[job]["worker_id"].split(":")[1])
         assert writer in pids, (job, writer, pids)
     assert killed, "no worker was killed"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+async def test_a_worker_outlives_a_database_outage_longer_than_its_retries(
+    private_server: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a tester: a claim that failed past its retries (30 s) ended the worker, exit 1,
+    with its jobs undrained and their writes failing on the closed pool. The retries and the
+    pool's wait are shortened here so that a few seconds of outage outlive them."""
+    import functools
+
+    from psycopg_pool import AsyncConnectionPool
+
+    from pgqueue.db import migrate
+    from pgqueue.worker import completer, runtime
+
+    dsn, pgdata = private_server
+    migrate.upgrade(dsn)
+    original = completer.transient_retry
+    monkeypatch.setattr(completer, "transient_retry", lambda give_up_after_seconds=0: original(0.3))
+    monkeypatch.setattr(runtime, "transient_retry", lambda give_up_after_seconds=0: original(0.3))
+    monkeypatch.setattr(
+        runtime, "AsyncConnectionPool", functools.partial(AsyncConnectionPool, timeout=1.0)
+    )
+
+    def enqueue_and_wait(n: int) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            ids = [
+                pgqueue.enqueue(
+                    conn, tenant_id="t", origin="user_action", payload=PAYLOAD, kind="pgqueue.noop"
+                )
+                for _ in range(n)
+            ]
+
+            def done() -> bool:
+                rows = conn.execute(
+                    "SELECT count(*) FROM pgqueue.jobs WHERE id = ANY (%s) AND state = 'succeeded'",
+                    (ids,),
+                ).fetchone()
+                return rows == (n,)
+
+            wait_until(done, timeout=60, what="the jobs to run")
+
+    worker = Worker(dsn, Settings(poll_interval_seconds=0.2), concurrency=2)
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+    try:
+        await asyncio.to_thread(enqueue_and_wait, 3)
+        await asyncio.to_thread(_pg_ctl, pgdata, "stop", "-m", "fast")
+        await asyncio.sleep(4.0)  # several claims fail past their retries
+        assert not task.done(), task.exception() if task.done() else None
+        await asyncio.to_thread(_pg_ctl, pgdata, "restart")  # with its postmaster.opts
+        await asyncio.to_thread(enqueue_and_wait, 3)  # the same worker claims again
+    finally:
+        worker.request_stop()
+        stats = await asyncio.wait_for(task, 60)
+    assert stats.claimed == 6
