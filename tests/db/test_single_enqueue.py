@@ -109,8 +109,14 @@ def test_the_trigger_still_runs_for_the_rest_of_the_transaction(db_dsn: str) -> 
             )
         c.execute(RAW_INSERT, ("a",))
         c.commit()
+        # Set by hand, for the session or the transaction, the setting never skips the trigger.
+        c.execute("SET pgqueue.insert_bookkept = on")
+        c.execute(RAW_INSERT, ("a",))
+        c.execute("SELECT set_config('pgqueue.insert_bookkept', '1', true)")
+        c.execute(RAW_INSERT, ("a",))
+        c.commit()
         counters, queued = _books(c)
-        assert counters == queued == {("critical", "a"): 3, ("critical", None): 3}
+        assert counters == queued == {("critical", "a"): 5, ("critical", None): 5}
 
 
 @pytest.mark.timeout(60)
