@@ -166,3 +166,47 @@ def test_counter_rows_held_by_others_get_new_rows(db_dsn: str) -> None:
         counters, queued = _books(c)
     assert rows == 4  # two keys, each with its held row and a new one
     assert counters == queued == {("critical", "a"): 2, ("critical", None): 2}
+
+
+def test_triggers_of_the_users_own_keep_the_books(db_dsn: str) -> None:
+    """The setting names the trigger depth too: an enqueue made by a user's trigger on another
+    table still skips the insert trigger (no double count), and a job that a user's row
+    trigger on pgqueue.jobs inserts during the one statement is still counted by it."""
+    _register(db_dsn, "a")
+    payload = psycopg.types.json.Jsonb(PAYLOAD)
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute(
+            """
+            CREATE TABLE public.docs (id serial, tenant text);
+            CREATE FUNCTION public.docs_enqueue() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                PERFORM * FROM pgqueue.try_enqueue(NEW.tenant, 'user_action',
+                    '{"model": "m", "max_tokens": 5,
+                      "messages": [{"role": "user", "content": "hi"}]}'::jsonb);
+                RETURN NULL;
+            END $$;
+            CREATE TRIGGER docs_enqueue AFTER INSERT ON public.docs
+                FOR EACH ROW EXECUTE FUNCTION public.docs_enqueue();
+            """
+        )
+        c.execute("SET track_functions = 'pl'")
+        with c.transaction():
+            c.execute("INSERT INTO public.docs (tenant) VALUES ('a'), ('a')")
+            assert c.execute(TRIGGER_CALLS).fetchone() == (0,)
+        c.execute(
+            """
+            CREATE FUNCTION public.jobs_follow_up() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.kind = 'anthropic.messages' THEN
+                    INSERT INTO pgqueue.jobs (tenant_id, origin, priority, payload, kind)
+                    VALUES (NEW.tenant_id, 'user_action', 'critical', '{}', 'follow-up');
+                END IF;
+                RETURN NULL;
+            END $$;
+            CREATE TRIGGER jobs_follow_up AFTER INSERT ON pgqueue.jobs
+                FOR EACH ROW EXECUTE FUNCTION public.jobs_follow_up();
+            """
+        )
+        c.execute("SELECT * FROM pgqueue.try_enqueue('a', 'user_action', %s)", (payload,))
+        counters, queued = _books(c)
+    assert counters == queued == {("critical", "a"): 4, ("critical", None): 4}

@@ -7,10 +7,13 @@
 -- itself: the tenant lock and the tier's admission row come with the demotion lookup (one
 -- statement), and the job's row, its inbox entry, its two counter updates and the NOTIFY are
 -- one statement of data-modifying CTEs. While that statement runs, the transaction-local
--- setting pgqueue.insert_bookkept names the transaction, and jobs_after_insert (WHEN) does not
--- fire for it; the setting is cleared right after, and a failed statement takes it back with
--- its (sub)transaction. As with revision 0017's pgqueue.claim_counted, a value left in the
--- session (SET, ALTER ROLE) or by another transaction never switches the trigger off. Every
+-- setting pgqueue.insert_bookkept names the transaction and the trigger depth, and
+-- jobs_after_insert (WHEN) does not fire for it; the setting is cleared right after, and a
+-- failed statement takes it back with its (sub)transaction. As with revision 0017's
+-- pgqueue.claim_counted, a value left in the session (SET, ALTER ROLE) or by another
+-- transaction never switches the trigger off; the depth keeps it on for an insert that a
+-- user's row trigger on pgqueue.jobs makes during that statement (one level deeper), and off
+-- for try_enqueue called from a user's trigger on another table (the same level). Every
 -- other insert into pgqueue.jobs keeps the trigger. Every other case of try_enqueue takes
 -- revision 0008's path.
 
@@ -20,7 +23,7 @@ CREATE TRIGGER jobs_after_insert
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT
     WHEN (current_setting('pgqueue.insert_bookkept', true)
-          IS DISTINCT FROM pg_current_xact_id()::text)
+          IS DISTINCT FROM pg_current_xact_id()::text || '/' || pg_trigger_depth())
     EXECUTE FUNCTION pgqueue.jobs_after_insert();
 
 CREATE OR REPLACE FUNCTION pgqueue.try_enqueue(tenant_id text, origin text, payload jsonb,
@@ -100,7 +103,8 @@ BEGIN
        AND current_setting('transaction_isolation') = 'read committed' THEN
         -- The trigger's work for this one row (its counters as pgqueue.queue_counts_add
         -- updates them in READ COMMITTED: a row of the key no other transaction holds).
-        PERFORM set_config('pgqueue.insert_bookkept', pg_current_xact_id()::text, true);
+        PERFORM set_config('pgqueue.insert_bookkept',
+                           pg_current_xact_id()::text || '/' || pg_trigger_depth(), true);
         WITH ins AS (
             INSERT INTO pgqueue.jobs AS j (tenant_id, kind, origin, sla_seconds, priority,
                                            payload, model, est_input_tokens, max_output_tokens,
