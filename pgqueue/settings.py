@@ -78,6 +78,15 @@ class Settings(BaseSettings):
             "deficits, counters); None: leave them to autovacuum."
         ),
     )
+    prepare_threshold: int | None = Field(
+        default=5,
+        ge=0,
+        description=(
+            "psycopg's prepare_threshold for the worker's connections: a statement is prepared "
+            "on the server once it has run this many times; None never prepares (PgBouncer in "
+            "transaction mode before 1.21, or without max_prepared_statements)."
+        ),
+    )
     burst_horizon_seconds: float = Field(
         default=60.0,
         ge=0,
@@ -107,14 +116,15 @@ class Settings(BaseSettings):
         "retention_seconds",
         "counters_compact_interval_seconds",
         "hot_tables_vacuum_interval_seconds",
+        "prepare_threshold",
         mode="before",
     )
     @classmethod
     def _none_switches_off(cls, value: object) -> object:
         """``none`` (any case, e.g. ``PGQUEUE_RETENTION_SECONDS=none``) switches the task off.
 
-        Only these optional intervals take it: elsewhere None means a default (``dsn``: the
-        embedded server), which a typo must not select.
+        Only these optional intervals (and ``prepare_threshold``) take it: elsewhere None means
+        a default (``dsn``: the embedded server), which a typo must not select.
         """
         if isinstance(value, str) and value.strip().lower() == "none":
             return None

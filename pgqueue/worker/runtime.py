@@ -210,7 +210,11 @@ class Worker:
         pool_size = min(self.concurrency, 8) + 2
         metrics.SLOTS.set(self.concurrency)
         self._pool = AsyncConnectionPool(
-            self.dsn, min_size=1, max_size=pool_size, kwargs={"autocommit": True}, open=False
+            self.dsn,
+            min_size=1,
+            max_size=pool_size,
+            kwargs={"autocommit": True, "prepare_threshold": self.settings.prepare_threshold},
+            open=False,
         )
         await self._pool.open(wait=True)
         self._completer = Completer(self._pool, self.settings)
