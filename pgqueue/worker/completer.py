@@ -55,8 +55,8 @@ def is_transient(exc: BaseException) -> bool:
 def transient_retry(give_up_after_seconds: float = 30.0) -> AsyncRetrying:
     """A tenacity policy for transient database errors (deadlock, serialization failure,
     lost connection): full-jitter exponential waits up to 3 s, for at most
-    ``give_up_after_seconds`` — long enough to ride out a Postgres restart, far shorter than a
-    lease, so an outcome is recorded before anyone could rescue the job."""
+    ``give_up_after_seconds`` (30 s by default: long enough to ride out a Postgres restart;
+    outcome writes use the lease instead, see :class:`Completer`)."""
     return AsyncRetrying(
         retry=retry_if_exception(is_transient),
         wait=wait_random_exponential(multiplier=0.05, max=3.0),
@@ -66,26 +66,33 @@ def transient_retry(give_up_after_seconds: float = 30.0) -> AsyncRetrying:
 
 
 async def run_named(
-    pool: AsyncConnectionPool[Any], name: str, params: dict[str, Any]
+    pool: AsyncConnectionPool[Any],
+    name: str,
+    params: dict[str, Any],
+    *,
+    retry_seconds: float = 30.0,
+    connection_wait_seconds: float | None = None,
 ) -> list[dict[str, Any]]:
     """Run the named ``:many`` query on a pooled connection; on a transient error, run it
-    again under :func:`transient_retry`. The first try skips building tenacity's retry
-    state, a measurable part of a claim or a flush of no-op jobs.
+    again under :func:`transient_retry` for up to ``retry_seconds``. The first try skips
+    building tenacity's retry state, a measurable part of a claim or a flush of no-op jobs.
+    ``connection_wait_seconds`` bounds each try's wait for a pooled connection (default: the
+    pool's, 30 s); past it the try fails with ``PoolTimeout``, a transient error.
 
     Raises:
         psycopg.Error: a non-transient error, or a transient one that outlived the retries.
     """
     rows: list[dict[str, Any]]
     try:
-        async with pool.connection() as conn:
+        async with pool.connection(timeout=connection_wait_seconds) as conn:
             rows = await queries.arun(conn, name, params)
         return rows
     except Exception as exc:
         if not is_transient(exc):
             raise
-    async for attempt in transient_retry():
+    async for attempt in transient_retry(retry_seconds):
         with attempt:
-            async with pool.connection() as conn:
+            async with pool.connection(timeout=connection_wait_seconds) as conn:
                 rows = await queries.arun(conn, name, params)
             return rows
     raise AssertionError("unreachable: transient_retry re-raises the last error")
@@ -120,6 +127,12 @@ class Completer:
     def __init__(self, pool: AsyncConnectionPool[Any], settings: Settings) -> None:
         self._pool = pool
         self._settings = settings
+        # How long an outcome write is retried on transient errors: while the job's lease may
+        # still hold (the last heartbeat extended it by a lease), at least 30 s. A write that
+        # lands after a rescue is fenced off anyway; one given up makes the job run again once
+        # its lease expires (found by a tester: after a 60 s outage every job that finished
+        # during it ran twice).
+        self._retry_seconds = max(30.0, settings.lease_seconds - settings.heartbeat_seconds)
         self._pending: list[tuple[Job, Succeeded, asyncio.Future[str | None]]] = []
         self._ready = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
@@ -209,7 +222,9 @@ class Completer:
                 (job.id, job.tenant_id, job.lease_token, o.result, o.input_tokens, o.output_tokens)
                 for job, o, _f in batch
             )
-            rows = await run_named(self._pool, "job_complete_many", params)
+            rows = await run_named(
+                self._pool, "job_complete_many", params, retry_seconds=self._retry_seconds
+            )
         except Exception as exc:
             if is_transient(exc):  # still failing after the retries: the rescuer will
                 for _job, _o, future in batch:
@@ -264,7 +279,7 @@ class Completer:
         limiter = self._limiter_statement(job, outcome)
         written = False
         result: Any = None
-        async for attempt in transient_retry():
+        async for attempt in transient_retry(self._retry_seconds):
             with attempt:
                 async with self._pool.connection() as conn:
                     # A retry after the job's own statement committed runs only the limiter's:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -14,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -255,28 +257,18 @@ def test_twenty_sigkills_beside_a_second_worker(db_dsn, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
-async def test_a_worker_outlives_a_database_outage_longer_than_its_retries(
-    private_server: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.timeout(240)
+async def test_a_worker_outlives_a_database_outage_and_stops_promptly_during_one(
+    private_server: tuple[str, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Found by a tester: a claim that failed past its retries (30 s) ended the worker, exit 1,
-    with its jobs undrained and their writes failing on the closed pool. The retries and the
-    pool's wait are shortened here so that a few seconds of outage outlive them."""
-    import functools
-
-    from psycopg_pool import AsyncConnectionPool
-
+    """Found by testers: a claim that failed past its retries (30 s) ended the worker, exit 1,
+    with its jobs undrained and their writes failing on the closed pool; and a stop during an
+    outage took ~53 s (a pool wait and a retry window of 30 s each)."""
     from pgqueue.db import migrate
-    from pgqueue.worker import completer, runtime
+    from pgqueue.worker.runtime import PRODUCER_RETRY_SECONDS
 
     dsn, pgdata = private_server
     migrate.upgrade(dsn)
-    original = completer.transient_retry
-    monkeypatch.setattr(completer, "transient_retry", lambda give_up_after_seconds=0: original(0.3))
-    monkeypatch.setattr(runtime, "transient_retry", lambda give_up_after_seconds=0: original(0.3))
-    monkeypatch.setattr(
-        runtime, "AsyncConnectionPool", functools.partial(AsyncConnectionPool, timeout=1.0)
-    )
 
     def enqueue_and_wait(n: int) -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -296,16 +288,55 @@ async def test_a_worker_outlives_a_database_outage_longer_than_its_retries(
 
             wait_until(done, timeout=60, what="the jobs to run")
 
+    caplog.set_level(logging.WARNING, logger="pgqueue.worker")
     worker = Worker(dsn, Settings(poll_interval_seconds=0.2), concurrency=2)
     task = asyncio.create_task(worker.run(install_signal_handlers=False))
     try:
         await asyncio.to_thread(enqueue_and_wait, 3)
         await asyncio.to_thread(_pg_ctl, pgdata, "stop", "-m", "fast")
-        await asyncio.sleep(4.0)  # several claims fail past their retries
+        await asyncio.sleep(3 * PRODUCER_RETRY_SECONDS)  # claims fail past their retries
         assert not task.done(), task.exception() if task.done() else None
+        assert "database unavailable" in caplog.text
         await asyncio.to_thread(_pg_ctl, pgdata, "restart")  # with its postmaster.opts
         await asyncio.to_thread(enqueue_and_wait, 3)  # the same worker claims again
+        assert "database available again" in caplog.text
+        # Down again, and a stop: the worker notices it within its producer's retry window.
+        await asyncio.to_thread(_pg_ctl, pgdata, "stop", "-m", "fast")
+        await asyncio.sleep(2.0)
     finally:
         worker.request_stop()
-        stats = await asyncio.wait_for(task, 60)
+        stopped = time.monotonic()
+        stats = await asyncio.wait_for(task, 120)
+    assert time.monotonic() - stopped < 6 * PRODUCER_RETRY_SECONDS
     assert stats.claimed == 6
+
+
+async def test_a_claim_under_way_at_a_stop_starts_none_of_its_jobs(
+    db_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a tester: a claim that outlived an outage returned after the stop ("no new
+    claims") and its jobs ran. Here the stop comes while the claim statement runs."""
+    from pgqueue.worker import runtime
+
+    with psycopg.connect(db_dsn) as conn:
+        pgqueue.enqueue_many(
+            conn, [JobSpec("t", "scheduled", {"n": i}, kind="pgqueue.noop") for i in range(4)]
+        )
+        conn.commit()
+    worker = Worker(db_dsn, Settings(poll_interval_seconds=0.1), concurrency=4)
+    real = runtime.run_named
+
+    async def claim_then_stop(pool: Any, name: str, params: Any, **kwargs: Any) -> Any:
+        rows = await real(pool, name, params, **kwargs)
+        if name == "job_claim":
+            worker.request_stop()  # the stop arrives while the claim is under way
+        return rows
+
+    monkeypatch.setattr(runtime, "run_named", claim_then_stop)
+    stats = await asyncio.wait_for(worker.run(install_signal_handlers=False), 60)
+    assert stats.claimed == 4
+    assert stats.outcomes == {"queued": 4}  # interrupted: back to the queue
+    with psycopg.connect(db_dsn) as conn:
+        assert conn.execute(
+            "SELECT state::text, attempts, count(*) FROM pgqueue.jobs GROUP BY 1, 2"
+        ).fetchall() == [("queued", 0, 4)]
