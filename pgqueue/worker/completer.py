@@ -376,9 +376,14 @@ class Completer:
                 assert_never(outcome)
 
 
+class OutcomeAbandoned(Exception):
+    """A stopping worker gave up writing this outcome (its database did not answer in time);
+    the job goes back to the queue when its lease expires."""
+
+
 def _fail_abandoned(batch: list[tuple[Job, Succeeded, asyncio.Future[str | None]]]) -> None:
     """Fail the waits of successes a stopping worker abandoned (their callers record nothing)."""
-    gone = ConnectionError("the worker stopped before this outcome was written")
+    gone = OutcomeAbandoned("the worker stopped before this outcome was written")
     for _job, _outcome, future in batch:
         if not future.done():
             future.set_exception(gone)

@@ -37,7 +37,13 @@ from pgqueue.models import Interrupted, Job, Outcome
 from pgqueue.observability import metrics
 from pgqueue.settings import Settings
 from pgqueue.worker import leases, shutdown, upkeep
-from pgqueue.worker.completer import Completer, is_transient, run_named, transient_retry
+from pgqueue.worker.completer import (
+    Completer,
+    OutcomeAbandoned,
+    is_transient,
+    run_named,
+    transient_retry,
+)
 from pgqueue.worker.executor import SharedDeadline, execute, sync_handlers_running
 from pgqueue.worker.notifier import Notifier
 
@@ -445,9 +451,10 @@ class Worker:
             try:
                 state = await self._completer.record(job, outcome)
             except Exception as exc:
-                if is_transient(exc):
+                if is_transient(exc) or isinstance(exc, OutcomeAbandoned):
                     # The database did not answer for the whole retry window (the producer
-                    # reports the outage): no traceback for each job.
+                    # reports the outage), or a stop gave up waiting for it (the stop says
+                    # how many): no traceback for each job (found by a tester).
                     log.warning(
                         "job %s: could not record its outcome (%s); it runs again when its "
                         "lease expires",

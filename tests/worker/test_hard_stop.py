@@ -176,3 +176,51 @@ async def test_a_stop_does_not_wait_forever_for_writes_the_database_holds(
         await locker.rollback()
         await locker.close()
     assert all(state in ("running", "queued") for state, _ in _states(db_dsn))
+
+
+@pytest.mark.timeout(60)
+async def test_successes_a_stop_gives_up_on_are_logged_without_tracebacks(
+    db_dsn: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by a tester: each success a stopping worker could not write (its database did not
+    answer) logged an ERROR with a full traceback, on top of the stop's own warning."""
+    import logging
+
+    from pgqueue.worker import shutdown
+
+    monkeypatch.setattr(shutdown, "FINAL_WRITES_SECONDS", 1.0)
+    registry = Registry()
+    go = asyncio.Event()
+    started: set[int] = set()
+
+    @registry.handler("test.succeed_later")
+    async def succeed_later(job: Job) -> None:
+        started.add(job.id)
+        await go.wait()
+
+    with psycopg.connect(db_dsn) as conn:
+        pgqueue.enqueue_many(
+            conn,
+            [pgqueue.JobSpec("t", "scheduled", {}, kind="test.succeed_later") for _ in range(4)],
+        )
+        conn.commit()
+    worker = Worker(db_dsn, Settings(), registry, concurrency=4)
+    locker = await psycopg.AsyncConnection.connect(db_dsn)
+    try:
+        with caplog.at_level(logging.WARNING, logger="pgqueue.worker"):
+            run = asyncio.create_task(worker.run(install_signal_handlers=False))
+            await _eventually(lambda: len(started) == 4)
+            await locker.execute("SELECT id FROM pgqueue.jobs FOR UPDATE")  # the flush waits
+            go.set()
+            await _eventually(lambda: len(worker._flushing) == 4)  # done, waiting to be written
+            worker._on_signal()
+            worker._on_signal()  # hard stop: the writes get FINAL_WRITES_SECONDS, then go
+            await asyncio.wait_for(run, timeout=45)
+    finally:
+        await locker.rollback()
+        await locker.close()
+    mine = [r for r in caplog.records if r.name == "pgqueue.worker"]
+    assert any("not recorded after" in r.message for r in mine)
+    assert sum("could not record its outcome" in r.getMessage() for r in mine) == 4
+    assert not [r for r in mine if r.exc_info or r.levelno >= logging.ERROR]
+    assert all(state == "running" for state, _ in _states(db_dsn))  # left to the rescuer
