@@ -4,7 +4,6 @@ skipped for that statement only. Whatever path a job takes, the books must end t
 
 from __future__ import annotations
 
-import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -12,6 +11,7 @@ import psycopg
 import pytest
 
 import pgqueue
+from tests.db.tenant_support import delete_after_commit
 
 PAYLOAD = {
     "model": "claude-haiku-4-5",
@@ -122,25 +122,10 @@ def test_the_trigger_still_runs_for_the_rest_of_the_transaction(db_dsn: str) -> 
 @pytest.mark.timeout(60)
 def test_a_registered_tenant_is_held_until_the_enqueue_commits(db_dsn: str) -> None:
     _register(db_dsn, "a")
-    outcome: list[BaseException | None] = []
     with psycopg.connect(db_dsn) as producer:
         pgqueue.enqueue(producer, tenant_id="a", origin="user_action", payload=PAYLOAD)
-
-        def delete() -> None:
-            try:
-                with psycopg.connect(db_dsn, autocommit=True) as d:
-                    d.execute("DELETE FROM pgqueue.tenants WHERE tenant_id = 'a'")
-                outcome.append(None)
-            except psycopg.Error as exc:
-                outcome.append(exc)
-
-        deleter = threading.Thread(target=delete)
-        deleter.start()
-        deleter.join(timeout=1.0)
-        assert deleter.is_alive()  # blocked on the enqueue's FOR KEY SHARE, not racing past it
-        producer.commit()
-        deleter.join(timeout=30)
-    assert len(outcome) == 1 and isinstance(outcome[0], psycopg.errors.ForeignKeyViolation)
+        error = delete_after_commit(db_dsn, producer, "a")
+    assert isinstance(error, psycopg.errors.ForeignKeyViolation)
 
 
 def test_the_one_statement_path_wakes_workers_on_commit(db_dsn: str) -> None:

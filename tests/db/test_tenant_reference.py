@@ -4,10 +4,10 @@ renamed; and a tenant being used by an uncommitted insert cannot be deleted unde
 
 from __future__ import annotations
 
-import threading
-
 import psycopg
 import pytest
+
+from tests.db.tenant_support import delete_after_commit
 
 INSERT = (
     "INSERT INTO pgqueue.jobs (tenant_id, origin, priority, payload)"
@@ -47,25 +47,10 @@ def test_a_tenant_with_jobs_cannot_be_deleted_or_renamed(db_dsn: str) -> None:
 def test_a_delete_waits_for_an_uncommitted_insert_then_fails(db_dsn: str) -> None:
     with psycopg.connect(db_dsn, autocommit=True) as c:
         c.execute("INSERT INTO pgqueue.tenants (tenant_id) VALUES ('a')")
-    outcome: list[BaseException | None] = []
     with psycopg.connect(db_dsn) as producer:
         producer.execute(INSERT, (["a"],))  # holds tenant 'a' FOR KEY SHARE until commit
-
-        def delete() -> None:
-            try:
-                with psycopg.connect(db_dsn, autocommit=True) as d:
-                    d.execute("DELETE FROM pgqueue.tenants WHERE tenant_id = 'a'")
-                outcome.append(None)
-            except psycopg.Error as exc:
-                outcome.append(exc)
-
-        deleter = threading.Thread(target=delete)
-        deleter.start()
-        deleter.join(timeout=1.0)
-        assert deleter.is_alive()  # blocked on the producer's lock, not racing past it
-        producer.commit()
-        deleter.join(timeout=30)
-    assert len(outcome) == 1 and isinstance(outcome[0], psycopg.errors.ForeignKeyViolation)
+        error = delete_after_commit(db_dsn, producer, "a")
+    assert isinstance(error, psycopg.errors.ForeignKeyViolation)
     with psycopg.connect(db_dsn) as c:
         assert c.execute("SELECT count(*) FROM pgqueue.jobs").fetchone() == (1,)
 

@@ -12,6 +12,7 @@ during that statement runs one level deeper and keeps the trigger). Server CPU p
 single enqueue on the benchmark's job: ~340 µs before, ~280 µs after (``docs/bench.md``).
 
 Every other case, and every other insert into ``pgqueue.jobs``, is unchanged.
+``try_enqueue`` is revision 0008's, edited here, not copied.
 
 Revision ID: 0019
 Revises: 0018
@@ -31,6 +32,7 @@ branch_labels = None
 depends_on = None
 
 _SQL = Path(__file__).with_suffix(".sql")
+_FAST_ENQUEUE_SQL = Path(__file__).with_name("0008_fast_enqueue.sql")
 _TRIGGER = """
 DROP TRIGGER jobs_after_insert ON pgqueue.jobs;
 CREATE TRIGGER jobs_after_insert
@@ -39,13 +41,127 @@ CREATE TRIGGER jobs_after_insert
     FOR EACH STATEMENT EXECUTE FUNCTION pgqueue.jobs_after_insert();
 """
 
+# --- try_enqueue: its variables
+_DEMOTED = "    demoted boolean;\n"
+_CAPS = "    pol text;\n    tier_cap bigint;\n    tenant_cap bigint;\n"
+_NEW_ID = "    new_id bigint;\nBEGIN\n"
+_NEW_ID_COUNTED = (
+    "    new_id bigint;\n    tier_counted boolean;\n    tenant_counted boolean;\nBEGIN\n"
+)
+# --- the lookup and admission of revision 0008, up to the tenant's registration
+_LOOKUP_START = (
+    "    -- pgqueue.is_demoted's rule, and whether the tenant is registered, in one statement.\n"
+)
+_REGISTER = "    IF NOT known THEN\n"
+#: The tier, its admission row and the tenant (locked) in one statement; admission only when
+#: a cap applies; then the one-statement insert with its bookkeeping.
+_LOOKUP_AND_ONE_STATEMENT = """    -- One statement: the tier (pgqueue.is_demoted's rule), its admission row, and the tenant:
+    -- registered or not, and if so locked FOR KEY SHARE until the transaction ends, as the
+    -- insert trigger's check would lock it.
+    SELECT k.tier, a.policy, a.max_queued, coalesce(r.max_queued, a.tenant_max_queued),
+           coalesce(r.known, false)
+    INTO t, pol, tier_cap, tenant_cap, known
+    FROM (SELECT pgqueue.classify(o, try_enqueue.sla_seconds,
+                                  EXISTS (SELECT 1 FROM pgqueue.demotions d
+                                          WHERE d.tenant_id = try_enqueue.tenant_id
+                                            AND d.expires_at > now())) AS tier) k
+    LEFT JOIN pgqueue.admission a ON a.tier = k.tier
+    LEFT JOIN LATERAL (SELECT true AS known, x.max_queued FROM pgqueue.tenants x
+                       WHERE x.tenant_id = try_enqueue.tenant_id FOR KEY SHARE) r ON true;
+    IF tier_cap IS NOT NULL OR tenant_cap IS NOT NULL THEN
+        v := pgqueue.admission_check(t, try_enqueue.tenant_id, 1);
+        IF NOT v.admitted THEN
+            IF v.policy = 'drop' THEN
+                INSERT INTO pgqueue.queue_counts (tier, tenant_id, dropped)
+                VALUES (t, try_enqueue.tenant_id, 1);
+                outcome := 'dropped';
+            ELSE
+                outcome := 'full';
+            END IF;
+            tier := t; policy := v.policy; scope := v.scope; depth := v.depth; cap := v.cap;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END IF;
+    IF try_enqueue.dedupe_key IS NULL AND known
+       AND current_setting('transaction_isolation') = 'read committed' THEN
+        -- The trigger's work for this one row (its counters as pgqueue.queue_counts_add
+        -- updates them in READ COMMITTED: a row of the key no other transaction holds).
+        PERFORM set_config('pgqueue.insert_bookkept',
+                           pg_current_xact_id()::text || '/' || pg_trigger_depth(), true);
+        WITH ins AS (
+            INSERT INTO pgqueue.jobs AS j (tenant_id, kind, origin, sla_seconds, priority,
+                                           payload, model, est_input_tokens, max_output_tokens,
+                                           cost, max_attempts, run_at)
+            SELECT try_enqueue.tenant_id, try_enqueue.kind, o, try_enqueue.sla_seconds, t,
+                   try_enqueue.payload, try_enqueue.payload ->> 'model', e.est,
+                   pgqueue.payload_max_tokens(try_enqueue.payload), pgqueue.job_cost(e.est),
+                   coalesce(try_enqueue.max_attempts, 5), coalesce(try_enqueue.run_at, now())
+            FROM pgqueue.input_token_estimate(try_enqueue.payload) e
+            RETURNING j.id
+        ), inbox AS (
+            INSERT INTO pgqueue.drr_inbox (tier, tenant_id) VALUES (t, try_enqueue.tenant_id)
+        ), counted AS (
+            UPDATE pgqueue.queue_counts c SET queued = c.queued + 1
+            WHERE c.ctid = ANY (ARRAY[
+                (SELECT x.ctid FROM pgqueue.queue_counts x
+                 WHERE x.tier = t AND x.tenant_id IS NULL AND NOT x.claim_stripe
+                 LIMIT 1 FOR UPDATE SKIP LOCKED),
+                (SELECT x.ctid FROM pgqueue.queue_counts x
+                 WHERE x.tier = t AND x.tenant_id = try_enqueue.tenant_id
+                   AND NOT x.claim_stripe
+                 LIMIT 1 FOR UPDATE SKIP LOCKED)])
+            RETURNING c.tenant_id IS NULL AS tier_total
+        )
+        SELECT ins.id,
+               coalesce((SELECT bool_or(k.tier_total) FROM counted k), false),
+               coalesce((SELECT bool_or(NOT k.tier_total) FROM counted k), false),
+               pg_notify('pgqueue_jobs', t::text)
+        INTO new_id, tier_counted, tenant_counted
+        FROM ins;
+        PERFORM set_config('pgqueue.insert_bookkept', '', true);
+        -- No row of a key updated (all held, or the one locked changed after the snapshot):
+        -- a new row, as queue_counts_add does.
+        IF NOT tier_counted THEN
+            INSERT INTO pgqueue.queue_counts (tier, tenant_id, queued) VALUES (t, NULL, 1);
+        END IF;
+        IF NOT tenant_counted THEN
+            INSERT INTO pgqueue.queue_counts (tier, tenant_id, queued)
+            VALUES (t, try_enqueue.tenant_id, 1);
+        END IF;
+        id := new_id; outcome := 'enqueued'; tier := t; policy := pol;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+"""
+# --- the policy the rows report: the one read by the lookup
+_ENQUEUED = "outcome := 'enqueued'; tier := t; policy := v.policy;"
+_ENQUEUED_POL = "outcome := 'enqueued'; tier := t; policy := pol;"
+
+
+def _replace_once(body: str, anchor: str, replacement: str) -> str:
+    if body.count(anchor) != 1:
+        raise RuntimeError(f"revision 0019: 0008's try_enqueue lacks {anchor.strip()[:48]!r}")
+    return body.replace(anchor, replacement)
+
+
+def try_enqueue() -> str:
+    """Revision 0008's ``try_enqueue``, edited: the one-statement path for a single job."""
+    text = function_definition(_FAST_ENQUEUE_SQL, "try_enqueue")
+    text = _replace_once(text, _DEMOTED, _CAPS)
+    text = _replace_once(text, _NEW_ID, _NEW_ID_COUNTED)
+    start, end = text.index(_LOOKUP_START), text.index(_REGISTER)
+    text = text[:start] + _LOOKUP_AND_ONE_STATEMENT + text[end:]
+    if text.count(_ENQUEUED) != 2:
+        raise RuntimeError("revision 0019: 0008's try_enqueue lacks its two enqueued rows")
+    return text.replace(_ENQUEUED, _ENQUEUED_POL)
+
 
 def upgrade() -> None:
     op.execute(_SQL.read_text(encoding="utf-8"))
+    op.execute(try_enqueue())
 
 
 def downgrade() -> None:
     op.execute(_TRIGGER)
-    op.execute(
-        function_definition(Path(__file__).with_name("0008_fast_enqueue.sql"), "try_enqueue")
-    )
+    op.execute(function_definition(_FAST_ENQUEUE_SQL, "try_enqueue"))
