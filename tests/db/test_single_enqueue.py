@@ -195,3 +195,57 @@ def test_triggers_of_the_users_own_keep_the_books(db_dsn: str) -> None:
         c.execute("SELECT * FROM pgqueue.try_enqueue('a', 'user_action', %s)", (payload,))
         counters, queued = _books(c)
     assert counters == queued == {("critical", "a"): 4, ("critical", None): 4}
+
+
+def test_before_triggers_of_the_users_own_keep_the_books(db_dsn: str) -> None:
+    """Found by a tester: the one statement counted the job it meant to insert, not the row a
+    user's BEFORE trigger on pgqueue.jobs made of it (another tenant or tier, or no row), and a
+    trigger that enqueued a companion job cleared the setting of the statement that fired it,
+    so that job was counted twice."""
+    _register(db_dsn, "a", "A", "c")
+    payload = psycopg.types.json.Jsonb(PAYLOAD)
+    enqueue = "SELECT * FROM pgqueue.try_enqueue(%s, 'scheduled', %s, 60, %s)"
+    triggers = {
+        "upper_tenant": "NEW.tenant_id := upper(NEW.tenant_id); RETURN NEW;",
+        "to_batch": "IF NEW.kind = 'bulk' THEN NEW.priority := 'batch'; END IF; RETURN NEW;",
+        "drop_ignored": "IF NEW.kind = 'ignored' THEN RETURN NULL; END IF; RETURN NEW;",
+        "companion": "IF NEW.kind = 'main' THEN PERFORM pgqueue.enqueue(NEW.tenant_id,"
+        " 'scheduled', '{\"c\": 1}'::jsonb, 60, 'companion'); END IF; RETURN NEW;",
+    }
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        for name, body in triggers.items():
+            c.execute(
+                f"CREATE FUNCTION public.{name}() RETURNS trigger LANGUAGE plpgsql"
+                f" AS $$ BEGIN {body} END $$"
+            )
+            c.execute(
+                f"CREATE TRIGGER {name} BEFORE INSERT ON pgqueue.jobs"
+                f" FOR EACH ROW EXECUTE FUNCTION public.{name}()"
+            )
+            if name == "upper_tenant":
+                c.execute(enqueue, ("a", payload, "k"))  # counted for 'A'
+                with pytest.raises(psycopg.errors.ForeignKeyViolation, match="'C'"):
+                    c.execute(enqueue, ("c", payload, "k"))  # 'C' is not registered
+            elif name == "to_batch":
+                c.execute(enqueue, ("c", payload, "bulk"))
+            elif name == "drop_ignored":
+                row = c.execute(enqueue, ("c", payload, "ignored")).fetchone()
+                assert row is not None and row[0] is None  # no job, as on the other paths
+            else:
+                c.execute(enqueue, ("c", payload, "main"))
+            c.execute(f"DROP TRIGGER {name} ON pgqueue.jobs")
+            counters, queued = _books(c)
+            assert counters == queued, name
+        inbox = c.execute(
+            "SELECT tier::text, tenant_id, count(*)::int FROM pgqueue.drr_inbox GROUP BY 1, 2"
+        ).fetchall()
+    assert queued == {
+        ("standard", "A"): 1,
+        ("batch", "c"): 1,
+        ("standard", "c"): 2,
+        ("standard", None): 3,
+        ("batch", None): 1,
+    }
+    assert {(tier, tenant): n for tier, tenant, n in inbox} == {
+        key: n for key, n in queued.items() if key[1] is not None
+    }

@@ -46,7 +46,9 @@ _DEMOTED = "    demoted boolean;\n"
 _CAPS = "    pol text;\n    tier_cap bigint;\n    tenant_cap bigint;\n"
 _NEW_ID = "    new_id bigint;\nBEGIN\n"
 _NEW_ID_COUNTED = (
-    "    new_id bigint;\n    tier_counted boolean;\n    tenant_counted boolean;\nBEGIN\n"
+    "    new_id bigint;\n    bookkept text;\n    row_tenant text;\n    row_tier pgqueue.tier;\n"
+    "    row_queued boolean;\n    row_tenant_known boolean;\n    tier_counted boolean;\n"
+    "    tenant_counted boolean;\nBEGIN\n"
 )
 # --- the lookup and admission of revision 0008, up to the tenant's registration
 _LOOKUP_START = (
@@ -85,8 +87,12 @@ _LOOKUP_AND_ONE_STATEMENT = """    -- One statement: the tier (pgqueue.is_demote
     END IF;
     IF try_enqueue.dedupe_key IS NULL AND known
        AND current_setting('transaction_isolation') = 'read committed' THEN
-        -- The trigger's work for this one row (its counters as pgqueue.queue_counts_add
-        -- updates them in READ COMMITTED: a row of the key no other transaction holds).
+        -- The trigger's work for this one row, driven by the row as inserted (a BEFORE
+        -- trigger of the user's may change its tenant, tier or state, or drop it): its inbox
+        -- row and counters (as pgqueue.queue_counts_add updates them in READ COMMITTED: a row
+        -- of the key no other transaction holds), its tenant locked, and NOTIFY. The setting
+        -- is put back as it was after, for an enqueue nested in such a trigger.
+        bookkept := current_setting('pgqueue.insert_bookkept', true);
         PERFORM set_config('pgqueue.insert_bookkept',
                            pg_current_xact_id()::text || '/' || pg_trigger_depth(), true);
         WITH ins AS (
@@ -98,36 +104,50 @@ _LOOKUP_AND_ONE_STATEMENT = """    -- One statement: the tier (pgqueue.is_demote
                    pgqueue.payload_max_tokens(try_enqueue.payload), pgqueue.job_cost(e.est),
                    coalesce(try_enqueue.max_attempts, 5), coalesce(try_enqueue.run_at, now())
             FROM pgqueue.input_token_estimate(try_enqueue.payload) e
-            RETURNING j.id
+            RETURNING j.id, j.tenant_id, j.priority, j.state = 'queued' AS queued
         ), inbox AS (
-            INSERT INTO pgqueue.drr_inbox (tier, tenant_id) VALUES (t, try_enqueue.tenant_id)
+            INSERT INTO pgqueue.drr_inbox (tier, tenant_id)
+            SELECT i.priority, i.tenant_id FROM ins i WHERE i.queued
+        ), held AS (  -- a tenant other than the one looked up: locked here, if registered
+            SELECT r.tenant_id FROM pgqueue.tenants r
+            WHERE r.tenant_id = (SELECT i.tenant_id FROM ins i)
+              AND r.tenant_id <> try_enqueue.tenant_id
+            FOR KEY SHARE
         ), counted AS (
             UPDATE pgqueue.queue_counts c SET queued = c.queued + 1
             WHERE c.ctid = ANY (ARRAY[
-                (SELECT x.ctid FROM pgqueue.queue_counts x
-                 WHERE x.tier = t AND x.tenant_id IS NULL AND NOT x.claim_stripe
-                 LIMIT 1 FOR UPDATE SKIP LOCKED),
-                (SELECT x.ctid FROM pgqueue.queue_counts x
-                 WHERE x.tier = t AND x.tenant_id = try_enqueue.tenant_id
+                (SELECT x.ctid FROM pgqueue.queue_counts x, ins i
+                 WHERE i.queued AND x.tier = i.priority AND x.tenant_id IS NULL
                    AND NOT x.claim_stripe
-                 LIMIT 1 FOR UPDATE SKIP LOCKED)])
+                 LIMIT 1 FOR UPDATE OF x SKIP LOCKED),
+                (SELECT x.ctid FROM pgqueue.queue_counts x, ins i
+                 WHERE i.queued AND x.tier = i.priority AND x.tenant_id = i.tenant_id
+                   AND NOT x.claim_stripe
+                 LIMIT 1 FOR UPDATE OF x SKIP LOCKED)])
             RETURNING c.tenant_id IS NULL AS tier_total
         )
-        SELECT ins.id,
+        SELECT i.id, i.tenant_id, i.priority, i.queued,
+               i.tenant_id = try_enqueue.tenant_id OR EXISTS (SELECT 1 FROM held),
                coalesce((SELECT bool_or(k.tier_total) FROM counted k), false),
                coalesce((SELECT bool_or(NOT k.tier_total) FROM counted k), false),
-               pg_notify('pgqueue_jobs', t::text)
-        INTO new_id, tier_counted, tenant_counted
-        FROM ins;
-        PERFORM set_config('pgqueue.insert_bookkept', '', true);
+               pg_notify('pgqueue_jobs', CASE WHEN i.queued THEN i.priority::text ELSE '' END)
+        INTO new_id, row_tenant, row_tier, row_queued, row_tenant_known, tier_counted,
+             tenant_counted
+        FROM ins i;
+        PERFORM set_config('pgqueue.insert_bookkept', coalesce(bookkept, ''), true);
+        IF new_id IS NOT NULL AND NOT row_tenant_known THEN
+            RAISE EXCEPTION 'unknown tenant %: register it first (pgqueue.ensure_tenant)',
+                quote_literal(row_tenant) USING ERRCODE = 'foreign_key_violation';
+        END IF;
         -- No row of a key updated (all held, or the one locked changed after the snapshot):
         -- a new row, as queue_counts_add does.
-        IF NOT tier_counted THEN
-            INSERT INTO pgqueue.queue_counts (tier, tenant_id, queued) VALUES (t, NULL, 1);
-        END IF;
-        IF NOT tenant_counted THEN
+        IF row_queued AND NOT tier_counted THEN
             INSERT INTO pgqueue.queue_counts (tier, tenant_id, queued)
-            VALUES (t, try_enqueue.tenant_id, 1);
+            VALUES (row_tier, NULL, 1);
+        END IF;
+        IF row_queued AND NOT tenant_counted THEN
+            INSERT INTO pgqueue.queue_counts (tier, tenant_id, queued)
+            VALUES (row_tier, row_tenant, 1);
         END IF;
         id := new_id; outcome := 'enqueued'; tier := t; policy := pol;
         RETURN NEXT;
