@@ -83,8 +83,9 @@ class Settings(BaseSettings):
         ge=0,
         description=(
             "psycopg's prepare_threshold for the worker's connections: a statement is prepared "
-            "on the server once it has run this many times; None never prepares (PgBouncer in "
-            "transaction mode before 1.21, or without max_prepared_statements)."
+            "on the server once it has run this many times (0: at its first run); none never "
+            "prepares (PgBouncer in transaction mode before 1.21, or without "
+            "max_prepared_statements)."
         ),
     )
     burst_horizon_seconds: float = Field(

@@ -262,7 +262,7 @@ class Worker:
             await self._drain()
         finally:
             closing = asyncio.ensure_future(self._completer.aclose())
-            if not await self._final_writes([closing]):
+            if not await self._final_writes([closing], "batched success write(s)"):
                 self._completer.abandon()
             # their successes are written (or abandoned): let them count their outcomes
             await self._final_writes([task for _job, task in self._flushing.values()])
@@ -495,9 +495,11 @@ class Worker:
         await self._final_writes(pending)
         await self._interrupt_unstarted()
 
-    async def _final_writes(self, tasks: Collection[asyncio.Future[Any]]) -> bool:
+    async def _final_writes(
+        self, tasks: Collection[asyncio.Future[Any]], what: str = "job(s)"
+    ) -> bool:
         """:func:`shutdown.final_writes`, ended early by another signal after a hard stop."""
-        return await shutdown.final_writes(tasks, self._abandon)
+        return await shutdown.final_writes(tasks, self._abandon, what)
 
     async def _interrupt_unstarted(self) -> None:
         """Return to the queue the jobs whose task was cancelled before its first step (a hard
