@@ -211,6 +211,9 @@ def test_before_triggers_of_the_users_own_keep_the_books(db_dsn: str) -> None:
         "drop_ignored": "IF NEW.kind = 'ignored' THEN RETURN NULL; END IF; RETURN NEW;",
         "companion": "IF NEW.kind = 'main' THEN PERFORM pgqueue.enqueue(NEW.tenant_id,"
         " 'scheduled', '{\"c\": 1}'::jsonb, 60, 'companion'); END IF; RETURN NEW;",
+        # a tenant the trigger registers itself, after the statement's snapshot was taken
+        "org_tenant": "NEW.tenant_id := 'org:' || NEW.tenant_id;"
+        " PERFORM pgqueue.ensure_tenant(NEW.tenant_id); RETURN NEW;",
     }
     with psycopg.connect(db_dsn, autocommit=True) as c:
         for name, body in triggers.items():
@@ -231,8 +234,10 @@ def test_before_triggers_of_the_users_own_keep_the_books(db_dsn: str) -> None:
             elif name == "drop_ignored":
                 row = c.execute(enqueue, ("c", payload, "ignored")).fetchone()
                 assert row is not None and row[0] is None  # no job, as on the other paths
-            else:
+            elif name == "companion":
                 c.execute(enqueue, ("c", payload, "main"))
+            else:
+                c.execute(enqueue, ("c", payload, "k"))  # counted for 'org:c'
             c.execute(f"DROP TRIGGER {name} ON pgqueue.jobs")
             counters, queued = _books(c)
             assert counters == queued, name
@@ -243,9 +248,27 @@ def test_before_triggers_of_the_users_own_keep_the_books(db_dsn: str) -> None:
         ("standard", "A"): 1,
         ("batch", "c"): 1,
         ("standard", "c"): 2,
-        ("standard", None): 3,
+        ("standard", "org:c"): 1,
+        ("standard", None): 4,
         ("batch", None): 1,
     }
     assert {(tier, tenant): n for tier, tenant, n in inbox} == {
         key: n for key, n in queued.items() if key[1] is not None
     }
+
+
+def test_rules_on_jobs_keep_single_enqueue_working(db_dsn: str) -> None:
+    """Found by a tester: a DO ALSO rule of the user's on pgqueue.jobs made every single
+    enqueue fail (a statement with data-modifying CTEs cannot run with rules); such a table
+    takes the trigger's path."""
+    _register(db_dsn, "a")
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE public.job_audit (tenant text)")
+        c.execute(
+            "CREATE RULE jobs_audit AS ON INSERT TO pgqueue.jobs"
+            " DO ALSO INSERT INTO public.job_audit (tenant) VALUES (NEW.tenant_id)"
+        )
+        pgqueue.enqueue(c, tenant_id="a", origin="user_action", payload=PAYLOAD)
+        counters, queued = _books(c)
+        assert c.execute("SELECT tenant FROM public.job_audit").fetchall() == [("a",)]
+    assert counters == queued == {("critical", "a"): 1, ("critical", None): 1}

@@ -46,8 +46,8 @@ _DEMOTED = "    demoted boolean;\n"
 _CAPS = "    pol text;\n    tier_cap bigint;\n    tenant_cap bigint;\n"
 _NEW_ID = "    new_id bigint;\nBEGIN\n"
 _NEW_ID_COUNTED = (
-    "    new_id bigint;\n    bookkept text;\n    row_tenant text;\n    row_tier pgqueue.tier;\n"
-    "    row_queued boolean;\n    row_tenant_known boolean;\n    tier_counted boolean;\n"
+    "    new_id bigint;\n    ruled boolean;\n    bookkept text;\n    row_tenant text;\n"
+    "    row_tier pgqueue.tier;\n    row_queued boolean;\n    tier_counted boolean;\n"
     "    tenant_counted boolean;\nBEGIN\n"
 )
 # --- the lookup and admission of revision 0008, up to the tenant's registration
@@ -59,10 +59,14 @@ _REGISTER = "    IF NOT known THEN\n"
 #: a cap applies; then the one-statement insert with its bookkeeping.
 _LOOKUP_AND_ONE_STATEMENT = """    -- One statement: the tier (pgqueue.is_demoted's rule), its admission row, and the tenant:
     -- registered or not, and if so locked FOR KEY SHARE until the transaction ends, as the
-    -- insert trigger's check would lock it.
+    -- insert trigger's check would lock it; and whether pgqueue.jobs has rules, which a
+    -- statement with data-modifying CTEs cannot run (found by a tester: a DO ALSO rule of the
+    -- user's made every single enqueue fail).
     SELECT k.tier, a.policy, a.max_queued, coalesce(r.max_queued, a.tenant_max_queued),
-           coalesce(r.known, false)
-    INTO t, pol, tier_cap, tenant_cap, known
+           coalesce(r.known, false),
+           (SELECT c.relhasrules FROM pg_catalog.pg_class c
+            WHERE c.oid = 'pgqueue.jobs'::regclass)
+    INTO t, pol, tier_cap, tenant_cap, known, ruled
     FROM (SELECT pgqueue.classify(o, try_enqueue.sla_seconds,
                                   EXISTS (SELECT 1 FROM pgqueue.demotions d
                                           WHERE d.tenant_id = try_enqueue.tenant_id
@@ -85,13 +89,14 @@ _LOOKUP_AND_ONE_STATEMENT = """    -- One statement: the tier (pgqueue.is_demote
             RETURN;
         END IF;
     END IF;
-    IF try_enqueue.dedupe_key IS NULL AND known
+    IF try_enqueue.dedupe_key IS NULL AND known AND NOT ruled
        AND current_setting('transaction_isolation') = 'read committed' THEN
         -- The trigger's work for this one row, driven by the row as inserted (a BEFORE
         -- trigger of the user's may change its tenant, tier or state, or drop it): its inbox
         -- row and counters (as pgqueue.queue_counts_add updates them in READ COMMITTED: a row
-        -- of the key no other transaction holds), its tenant locked, and NOTIFY. The setting
-        -- is put back as it was after, for an enqueue nested in such a trigger.
+        -- of the key no other transaction holds) and NOTIFY; another tenant is checked and
+        -- locked after it. The setting is put back as it was after, for an enqueue nested in
+        -- such a trigger.
         bookkept := current_setting('pgqueue.insert_bookkept', true);
         PERFORM set_config('pgqueue.insert_bookkept',
                            pg_current_xact_id()::text || '/' || pg_trigger_depth(), true);
@@ -108,11 +113,6 @@ _LOOKUP_AND_ONE_STATEMENT = """    -- One statement: the tier (pgqueue.is_demote
         ), inbox AS (
             INSERT INTO pgqueue.drr_inbox (tier, tenant_id)
             SELECT i.priority, i.tenant_id FROM ins i WHERE i.queued
-        ), held AS (  -- a tenant other than the one looked up: locked here, if registered
-            SELECT r.tenant_id FROM pgqueue.tenants r
-            WHERE r.tenant_id = (SELECT i.tenant_id FROM ins i)
-              AND r.tenant_id <> try_enqueue.tenant_id
-            FOR KEY SHARE
         ), counted AS (
             UPDATE pgqueue.queue_counts c SET queued = c.queued + 1
             WHERE c.ctid = ANY (ARRAY[
@@ -127,17 +127,21 @@ _LOOKUP_AND_ONE_STATEMENT = """    -- One statement: the tier (pgqueue.is_demote
             RETURNING c.tenant_id IS NULL AS tier_total
         )
         SELECT i.id, i.tenant_id, i.priority, i.queued,
-               i.tenant_id = try_enqueue.tenant_id OR EXISTS (SELECT 1 FROM held),
                coalesce((SELECT bool_or(k.tier_total) FROM counted k), false),
                coalesce((SELECT bool_or(NOT k.tier_total) FROM counted k), false),
                pg_notify('pgqueue_jobs', CASE WHEN i.queued THEN i.priority::text ELSE '' END)
-        INTO new_id, row_tenant, row_tier, row_queued, row_tenant_known, tier_counted,
-             tenant_counted
+        INTO new_id, row_tenant, row_tier, row_queued, tier_counted, tenant_counted
         FROM ins i;
         PERFORM set_config('pgqueue.insert_bookkept', coalesce(bookkept, ''), true);
-        IF new_id IS NOT NULL AND NOT row_tenant_known THEN
-            RAISE EXCEPTION 'unknown tenant %: register it first (pgqueue.ensure_tenant)',
-                quote_literal(row_tenant) USING ERRCODE = 'foreign_key_violation';
+        -- Another tenant than the one looked up: checked and locked as the trigger would, by
+        -- a statement of its own, whose snapshot sees a tenant registered meanwhile (by that
+        -- BEFORE trigger, or by another transaction; found by a tester).
+        IF new_id IS NOT NULL AND row_tenant <> try_enqueue.tenant_id THEN
+            PERFORM 1 FROM pgqueue.tenants r WHERE r.tenant_id = row_tenant FOR KEY SHARE;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'unknown tenant %: register it first (pgqueue.ensure_tenant)',
+                    quote_literal(row_tenant) USING ERRCODE = 'foreign_key_violation';
+            END IF;
         END IF;
         -- No row of a key updated (all held, or the one locked changed after the snapshot):
         -- a new row, as queue_counts_add does.
