@@ -9,7 +9,7 @@ batches). The trigger gets a ``WHEN`` that skips it while the transaction-local 
 ``pgqueue.insert_bookkept`` names the current transaction and trigger depth, which only that
 statement sets (a value set in the session never matches; an insert a user's row trigger makes
 during that statement runs one level deeper and keeps the trigger). Server CPU per
-single enqueue on the benchmark's job: ~345 µs before, ~312 µs after (``docs/bench.md``).
+single enqueue on the benchmark's job: ~355 µs before, ~328 µs after (``docs/bench.md``).
 
 Every other case, and every other insert into ``pgqueue.jobs``, is unchanged.
 ``try_enqueue`` is revision 0008's, edited here, not copied.
