@@ -46,22 +46,14 @@ from pgqueue.worker.completer import (
 )
 from pgqueue.worker.executor import SharedDeadline, execute, sync_handlers_running
 from pgqueue.worker.notifier import Notifier
+from pgqueue.worker.outage import (
+    OUTAGE_PAUSE_SECONDS,
+    POOL_RECONNECT_SECONDS,
+    PRODUCER_RETRY_SECONDS,
+    OutageLog,
+)
 
 log = logging.getLogger("pgqueue.worker")
-
-#: Pause between claims while the database does not answer (after the retries of one claim).
-OUTAGE_PAUSE_SECONDS = 1.0
-#: How often a continuing outage is logged again.
-OUTAGE_REPORT_SECONDS = 60.0
-#: How long the producer's statements (claim, next due time) are retried, and wait for a pooled
-#: connection, before the producer reports an outage and tries again after a pause: so that it
-#: notices a stop within seconds while the database does not answer (found by a tester: a
-#: SIGTERM during an outage took ~53 s, one pool wait and one retry window of 30 s each).
-PRODUCER_RETRY_SECONDS = 5.0
-#: The pool gives up a reconnection attempt after this long and starts afresh at the next
-#: request, so that its backoff between attempts (1, 2, 4 … s, doubling) stays short: with
-#: psycopg_pool's default (300 s) a worker resumed 20–35 s after the database came back.
-POOL_RECONNECT_SECONDS = 10.0
 
 
 def builtin_registry(settings: Settings) -> Registry:
@@ -298,8 +290,7 @@ class Worker:
         its jobs, and their writes then failed on the closed pool.)
         """
         batch = min(self.concurrency, self.settings.claim_batch_max or self.concurrency)
-        outage_since: float | None = None
-        reported = 0.0
+        outage = OutageLog()
         while not self._stopping:
             tried = time.monotonic()
             try:
@@ -307,26 +298,11 @@ class Worker:
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                now = time.monotonic()
-                if outage_since is None:
-                    outage_since, reported = tried, now
-                    log.warning(
-                        "database unavailable (%s): %d job(s) keep running; claiming again "
-                        "when it answers",
-                        exc,
-                        len(self._inflight),
-                    )
-                elif now - reported >= OUTAGE_REPORT_SECONDS:
-                    reported = now
-                    log.warning("database unavailable for %.0f s; still trying", now - outage_since)
+                outage.failed(tried, exc, len(self._inflight))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), OUTAGE_PAUSE_SECONDS)
                 continue
-            if outage_since is not None:
-                log.warning(
-                    "database available again after %.0f s", time.monotonic() - outage_since
-                )
-                outage_since = None
+            outage.answered()
             if not more:
                 return
 

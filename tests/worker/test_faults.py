@@ -265,7 +265,7 @@ async def test_a_worker_outlives_a_database_outage_and_stops_promptly_during_one
     with its jobs undrained and their writes failing on the closed pool; and a stop during an
     outage took ~53 s (a pool wait and a retry window of 30 s each)."""
     from pgqueue.db import migrate
-    from pgqueue.worker.runtime import PRODUCER_RETRY_SECONDS
+    from pgqueue.worker.outage import PRODUCER_RETRY_SECONDS
 
     dsn, pgdata = private_server
     migrate.upgrade(dsn)

@@ -123,6 +123,28 @@ async def test_a_stop_while_outcomes_are_written_loses_none(
     assert _states(db_dsn) == [("queued", 1)] * 8  # the attempt used, not left running
 
 
+def _four_held_jobs(dsn: str, *, fail: bool) -> tuple[Registry, asyncio.Event, set[int]]:
+    """Four queued jobs whose handler notes its start, then waits for the event and fails (or
+    succeeds): (the registry, the event, the ids of the jobs started)."""
+    registry = Registry()
+    go = asyncio.Event()
+    started: set[int] = set()
+
+    @registry.handler("test.held")
+    async def held(job: Job) -> None:
+        started.add(job.id)
+        await go.wait()
+        if fail:
+            raise RuntimeError("boom")
+
+    with psycopg.connect(dsn) as conn:
+        pgqueue.enqueue_many(
+            conn, [pgqueue.JobSpec("t", "scheduled", {}, kind="test.held") for _ in range(4)]
+        )
+        conn.commit()
+    return registry, go, started
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("end", ["time_runs_out", "another_signal"])
 async def test_a_stop_does_not_wait_forever_for_writes_the_database_holds(
@@ -137,22 +159,7 @@ async def test_a_stop_does_not_wait_forever_for_writes_the_database_holds(
     from pgqueue.worker import shutdown
 
     monkeypatch.setattr(shutdown, "FINAL_WRITES_SECONDS", 2.0 if end == "time_runs_out" else 60.0)
-    registry = Registry()
-    go = asyncio.Event()
-    started: set[int] = set()
-
-    @registry.handler("test.fail_later")
-    async def fail_later(job: Job) -> None:
-        started.add(job.id)
-        await go.wait()
-        raise RuntimeError("boom")
-
-    with psycopg.connect(db_dsn) as conn:
-        pgqueue.enqueue_many(
-            conn,
-            [pgqueue.JobSpec("t", "scheduled", {}, kind="test.fail_later") for _ in range(4)],
-        )
-        conn.commit()
+    registry, go, started = _four_held_jobs(db_dsn, fail=True)
     worker = Worker(db_dsn, Settings(), registry, concurrency=4, burst=True)
     run = asyncio.create_task(worker.run(install_signal_handlers=False))
     await _eventually(lambda: len(started) == 4)
@@ -190,21 +197,7 @@ async def test_successes_a_stop_gives_up_on_are_logged_without_tracebacks(
     from pgqueue.worker import shutdown
 
     monkeypatch.setattr(shutdown, "FINAL_WRITES_SECONDS", 1.0)
-    registry = Registry()
-    go = asyncio.Event()
-    started: set[int] = set()
-
-    @registry.handler("test.succeed_later")
-    async def succeed_later(job: Job) -> None:
-        started.add(job.id)
-        await go.wait()
-
-    with psycopg.connect(db_dsn) as conn:
-        pgqueue.enqueue_many(
-            conn,
-            [pgqueue.JobSpec("t", "scheduled", {}, kind="test.succeed_later") for _ in range(4)],
-        )
-        conn.commit()
+    registry, go, started = _four_held_jobs(db_dsn, fail=False)
     worker = Worker(db_dsn, Settings(), registry, concurrency=4)
     locker = await psycopg.AsyncConnection.connect(db_dsn)
     try:

@@ -1,0 +1,58 @@
+"""How a worker rides out a database that stops answering: its producer's bounded retries, the
+pool's reconnection window, and what it logs while the outage lasts.
+
+Found by testers: after an outage of over 30 s the worker exited 1 without draining its jobs; a
+SIGTERM during an outage took ~53 s (one pool wait and one retry window of 30 s each); and
+claiming resumed 20–35 s after the database came back (psycopg_pool's doubling backoff).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+log = logging.getLogger("pgqueue.worker")
+
+#: Pause between claims while the database does not answer (after the retries of one claim).
+OUTAGE_PAUSE_SECONDS = 1.0
+#: How often a continuing outage is logged again.
+OUTAGE_REPORT_SECONDS = 60.0
+#: How long the producer's statements (claim, next due time) are retried, and wait for a pooled
+#: connection, before the producer reports an outage and tries again after a pause: so that it
+#: notices a stop within seconds while the database does not answer.
+PRODUCER_RETRY_SECONDS = 5.0
+#: The pool gives up a reconnection attempt after this long and starts afresh at the next
+#: request, so that its backoff between attempts (1, 2, 4 … s, doubling) stays short (with
+#: psycopg_pool's default, 300 s, a worker resumed 20–35 s after the database came back).
+POOL_RECONNECT_SECONDS = 10.0
+
+
+class OutageLog:
+    """The producer's record of an outage: one warning when claims start failing, one every
+    :data:`OUTAGE_REPORT_SECONDS` while they go on, one when a claim succeeds again. The
+    outage is timed from the start of the first claim that failed (monotonic seconds)."""
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+        self._reported = 0.0
+
+    def failed(self, tried: float, error: BaseException, running: int) -> None:
+        """A claim that started at ``tried`` failed past its retries with ``error``, while
+        ``running`` jobs are in flight."""
+        now = time.monotonic()
+        if self._since is None:
+            self._since, self._reported = tried, now
+            log.warning(
+                "database unavailable (%s): %d job(s) keep running; claiming again when it answers",
+                error,
+                running,
+            )
+        elif now - self._reported >= OUTAGE_REPORT_SECONDS:
+            self._reported = now
+            log.warning("database unavailable for %.0f s; still trying", now - self._since)
+
+    def answered(self) -> None:
+        """A claim succeeded: ends the outage, if there was one."""
+        if self._since is not None:
+            log.warning("database available again after %.0f s", time.monotonic() - self._since)
+            self._since = None
