@@ -389,3 +389,17 @@ def test_tenant_service_view(conn):
     assert sum(r[2] for r in rows) == 3
     assert sum(r[2] + r[4] for r in rows) == 7
     assert by_tenant["a"][0][5] == 15.0 and by_tenant["b"][0][5] == 5.0
+
+
+def test_a_queued_job_moved_to_another_tenant_is_claimed_in_its_turn(conn):
+    """Revision 0021: an UPDATE that moves a queued job to a tenant with no other queued work
+    in that tier gives that tenant a pair in the round. Before it, the job waited for the
+    claim's safety net (a claim that found nothing else due)."""
+    set_tenant(conn, "A")
+    set_tenant(conn, "B")
+    ids = add_jobs(conn, [(C, "A", 1.0)] * 4)
+    conn.execute("UPDATE pgqueue.jobs SET tenant_id = 'B' WHERE id = %s", (ids[-1],))
+    conn.commit()
+    got = claim(conn, 10)
+    assert sorted(d.job_id for d in got) == sorted(ids)
+    assert Counter(d.tenant_id for d in got) == {"A": 3, "B": 1}
