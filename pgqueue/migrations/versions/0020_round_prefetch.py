@@ -77,10 +77,11 @@ _AFTER_FOLD = "        recheck := '{t,t,t}';\n"
 _FIRST_LOAD = """\
         -- The round head of every tier that has one, and the pair after it when the head's
         -- credit cannot fill the claim, each with its next due jobs, locked, in one statement
-        -- (revision 0020): the per-tier loads below run only once these are used up. Without a
-        -- fold it also says, per tier, whether the round has members and whether due pairs
-        -- wait. (Not while moves to the tail wait to be written: the repair's second pass.)
-        IF cardinality(rot_ts) = 0 THEN
+        -- (revision 0020): the per-tier loads below run only once these are used up. It also
+        -- says, per tier, whether the round has members and whether due pairs wait. After a
+        -- fold (new work came in: an idle worker's claim, usually of a few jobs) the per-tier
+        -- loads do it all, as before: cheaper there.
+        IF NOT inbox_folded THEN
             FOR ld IN
                 SELECT p.ord, p.rank, p.absorb, p.tenant_id, p.deficit, p.pos, p.quantum,
                        p.lim, f.ids, f.costs, f.runs
@@ -99,8 +100,7 @@ _FIRST_LOAD = """\
                                                  WHERE d.tier = u.tier AND d.pos IS NULL
                                                    AND d.due_at <= now()) AS absorb
                                   FROM unnest(tiers) WITH ORDINALITY AS u(tier, ord)
-                                  WHERE (filled[u.ord] OR NOT inbox_folded)
-                                    AND ht[u.ord] IS NULL AND nt[u.ord] IS NULL) tt
+                                  WHERE ht[u.ord] IS NULL AND nt[u.ord] IS NULL) tt
                             LEFT JOIN LATERAL (
                                 SELECT h.tenant_id, h.deficit, h.pos, q.quantum,
                                        floor(h.deficit
@@ -134,10 +134,8 @@ _FIRST_LOAD = """\
                 ORDER BY p.ord, p.rank
             LOOP
                 i := ld.ord;
-                IF NOT inbox_folded THEN
-                    absorb[i] := ld.absorb;
-                    filled[i] := ld.tenant_id IS NOT NULL;
-                END IF;
+                absorb[i] := ld.absorb;
+                filled[i] := ld.tenant_id IS NOT NULL;
                 CONTINUE WHEN ld.tenant_id IS NULL;
                 off := (i - 1) * stride;
                 n := coalesce(array_length(ld.ids, 1), 0);
