@@ -46,6 +46,7 @@ _NEW_DECLARATIONS = """\
     ri integer;
     got_head boolean;
     inbox_folded boolean;                -- this pass folded the inbox in (revision 0020)
+    share integer[] := '{0,0,0}';        -- per tier, its likely part of the claim (0020)
     -- the pair after the round head, loaded with it by the claim's first load (revision 0020):
     -- tenant, deficit, quantum, pos, and its next due jobs, locked, in buffer slots laid out
     -- like the head's (nn[i] of them; ndone[i]: nothing due after them). It becomes the head
@@ -82,6 +83,15 @@ _FIRST_LOAD = """\
         -- fold (new work came in: an idle worker's claim, usually of a few jobs) the per-tier
         -- loads do it all, as before: cheaper there.
         IF NOT inbox_folded THEN
+            -- A tier's likely part of the claim: under the weighted policy its share of the
+            -- weights, else all of it; the pair after the head is loaded when the head's credit
+            -- cannot cover that part (loading it costs about what a later load of it would).
+            total := weight[1] + weight[2] + weight[3];
+            FOR ri IN 1 .. 3 LOOP
+                share[ri] := CASE WHEN policy IN ('strict', 'probabilistic') OR total <= 0
+                                  THEN max_jobs
+                                  ELSE ceil(max_jobs * weight[ri] / total)::integer END;
+            END LOOP;
             FOR ld IN
                 SELECT p.ord, p.rank, p.absorb, p.tenant_id, p.deficit, p.pos, p.quantum,
                        p.lim, f.ids, f.costs, f.runs
@@ -116,7 +126,7 @@ _FIRST_LOAD = """\
                                     SELECT pgqueue.plan_quantum(tn.plan, tn.quantum, base)
                                            AS quantum) q) c ON true
                             WINDOW w AS (PARTITION BY tt.ord ORDER BY c.pos)) rr
-                      WHERE rr.rank = 1 OR rr.ahead < max_jobs - taken) p
+                      WHERE rr.rank = 1 OR rr.ahead < least(max_jobs - taken, share[rr.ord])) p
                 CROSS JOIN LATERAL (
                     SELECT array_agg(y.id ORDER BY y.run_at, y.id) AS ids,
                            array_agg(y.cost ORDER BY y.run_at, y.id) AS costs,
