@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from pgqueue.db import queries
 from pgqueue.models import Tier
-from pgqueue.scheduling.drr import jain_index
+from pgqueue.scheduling.drr import jain_index, stable_offset
 from tests.db.drr_support import (
     add_jobs,
     claim,
@@ -403,3 +403,86 @@ def test_a_queued_job_moved_to_another_tenant_is_claimed_in_its_turn(conn):
     got = claim(conn, 10)
     assert sorted(d.job_id for d in got) == sorted(ids)
     assert Counter(d.tenant_id for d in got) == {"A": 3, "B": 1}
+
+
+def test_jobs_far_above_their_quantum_skip_the_rounds_nobody_can_use(conn):
+    """Revision 0022: jobs that cost 100,000 times their tenants' quanta need that many turns;
+    taken one at a time they kept a claim under the scheduler's lock for minutes (a tester's
+    cost of 1,000,000 at quantum 0.05). The claim now skips whole rounds in which no pair can
+    pay for its next job, with the same dispatches as the turns one by one (the reference)."""
+    set_tenant(conn, "A", quantum=1.0)
+    set_tenant(conn, "B", quantum=1.0)
+    set_tenant(conn, "D", quantum=2.0)
+    ref = reference(conn)
+    jobs = [
+        (C, "A", 200_000.0),
+        (C, "B", 1.0),
+        (C, "D", 150_000.0),
+        (C, "B", 3.0),
+        (C, "A", 1.0),
+        (C, "D", 2.0),
+        (C, "B", 100_000.0),
+        (S, "A", 50_000.0),
+        (S, "B", 7.0),
+    ]
+    add_jobs(conn, jobs, ref)
+    conn.execute("SET statement_timeout = '10s'")  # turn by turn, these claims take minutes
+    conn.commit()
+    got = claim_n(conn, len(jobs), batch=3)
+    assert got == ref_take(ref, len(jobs))
+
+
+costly_job_lists = st.lists(
+    st.tuples(
+        st.sampled_from([C, S, B]),
+        st.sampled_from(["a", "b", "c", "d"]),
+        st.sampled_from([1.0, 2.0, 3.0, 150.0, 400.0, 1000.0]),
+    ),
+    min_size=1,
+    max_size=20,
+)
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    phases=st.lists(st.tuples(costly_job_lists, st.integers(0, 12), st.integers(1, 6)), max_size=3),
+    quanta=st.fixed_dictionaries({t: st.sampled_from([1.0, 2.0, 3.0]) for t in "abcd"}),
+)
+def test_sql_claim_matches_reference_with_costs_far_above_the_quanta(conn, phases, quanta):
+    """Revision 0022's skipped rounds give the dispatches of the turns one by one (whole
+    costs and quanta: the deficits are then the same sums)."""
+    reset(conn)
+    for tenant, q in quanta.items():
+        set_tenant(conn, tenant, quantum=q)
+    conn.commit()
+    ref = reference(conn)
+    for jobs, n, batch in phases:
+        add_jobs(conn, jobs, ref)
+        got = claim_n(conn, n, batch=batch)
+        assert got == ref_take(ref, n)
+    assert claim_n(conn, 10_000, batch=5) == ref_take(ref, 10_000)
+    assert conn.execute("SELECT count(*) FROM pgqueue.deficits").fetchone() == (0,)
+
+
+def test_skipped_rounds_stop_one_round_before_the_first_pair_can_pay(conn):
+    """Two tenants, quantum 1: the first in the round needs 1,001 turns, the second 1,000, so
+    the second is served first. One round skipped too many would let the first pay first."""
+    names = sorted(["x", "y", "z", "w"], key=stable_offset)
+    first, second = names[0], names[1]
+    set_tenant(conn, first, quantum=1.0)
+    set_tenant(conn, second, quantum=1.0)
+    ref = reference(conn)
+    add_jobs(conn, [(C, first, 1001.0), (C, second, 1000.0)], ref)
+    # the rounds are counted as the turns one by one count them (pgqueue.claim_order)
+    order = conn.execute("SELECT round, tenant_id FROM pgqueue.claim_order").fetchall()
+    assert order == [(1000, second), (1001, first)]
+    conn.rollback()
+    got = claim_n(conn, 2, batch=2)
+    assert [d.tenant_id for d in got] == [second, first]
+    assert got == ref_take(ref, 2)
