@@ -46,7 +46,10 @@ POLICIES = ("drop", "block", "reject")
 URGENT_KIND = "simulate.urgent"
 NORMAL_KIND = "simulate.normal"
 TENANT = "simulate"
-#: The template every scenario database is cloned from (recreated on each run).
+#: The prefix of a run's databases: its template ``pgqueue_simulate_<run>`` and one clone per
+#: scenario, ``pgqueue_simulate_<run>_<n>``; all dropped when the run ends. Each run has names
+#: of its own (found by a tester: two runs on one server, e.g. two tests side by side, dropped
+#: each other's template mid-run when it was a fixed ``pgqueue_simulate``).
 SIMULATE_DATABASE = "pgqueue_simulate"
 
 
@@ -325,7 +328,8 @@ def run_simulation(
     progress: Callable[[ScenarioResult], None] | None = None,
 ) -> list[ScenarioResult]:
     """Run every scenario of ``options`` on the server of ``server_dsn``, in databases of its
-    own (``pgqueue_simulate`` and clones; the user's queue is never touched).
+    own (``pgqueue_simulate_<run>`` and its clones, dropped at the end; the user's queue is
+    never touched).
 
     Raises:
         InvalidArgument: bad options. psycopg.Error: the role may not create databases, or
@@ -335,13 +339,13 @@ def run_simulation(
     opts.validate()
     # The simulation's workers run only its own kinds: the no-API-key warning is noise here.
     logging.getLogger("pgqueue.worker").setLevel(logging.ERROR)
-    template_dsn = _recreate(server_dsn, SIMULATE_DATABASE)
-    migrate.upgrade(template_dsn)
+    template = f"{SIMULATE_DATABASE}_{uuid.uuid4().hex[:8]}"
     results: list[ScenarioResult] = []
     try:
+        migrate.upgrade(_recreate(server_dsn, template))
         for index, (strategy, policy) in enumerate(opts.scenarios):
-            name = f"{SIMULATE_DATABASE}_{uuid.uuid4().hex[:8]}"
-            dsn = _recreate(server_dsn, name, template=SIMULATE_DATABASE)
+            name = f"{template}_{index}"
+            dsn = _recreate(server_dsn, name, template=template)
             try:
                 _configure(dsn, opts, strategy, policy)
                 result = asyncio.run(_scenario(dsn, opts, strategy, policy, opts.seed + index))
@@ -351,7 +355,7 @@ def run_simulation(
             if progress is not None:
                 progress(result)
     finally:
-        _drop(server_dsn, SIMULATE_DATABASE)
+        _drop(server_dsn, template)
     return results
 
 

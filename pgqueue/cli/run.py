@@ -373,7 +373,7 @@ def simulate(
     """The backpressure experiment on the real queue: shared FIFO vs tiers + scheduler.
 
     Producers outpace a real worker; urgent jobs are short, normal ones long. Each scenario
-    runs in a database of its own (``pgqueue_simulate`` and clones), never in your queue.
+    runs in a database of its own (``pgqueue_simulate_<run>`` and clones), never in your queue.
     """
     from pgqueue.simulate import SimulateOptions, report, run_simulation
     from pgqueue.simulate import plot as draw

@@ -35,6 +35,40 @@ def test_options_are_validated():
         SimulateOptions(policies=("shed",)).validate()
 
 
+def test_each_run_has_databases_of_its_own(monkeypatch):
+    """Found by a tester: with one fixed template name, two runs on one server (two tests side
+    by side under `pytest -n 2`, or a user's run beside CI) dropped each other's template
+    mid-run. Every database a run creates or drops now carries that run's own name."""
+    import pgqueue.simulate as simulate
+
+    created: list[tuple[str, str | None]] = []
+    dropped: list[str] = []
+
+    def recreate(server_dsn: str, name: str, template: str | None = None) -> str:
+        created.append((name, template))
+        return f"dbname={name}"
+
+    async def scenario(*_args: object) -> object:
+        return object()
+
+    monkeypatch.setattr(simulate, "_recreate", recreate)
+    monkeypatch.setattr(simulate, "_drop", lambda _dsn, name: dropped.append(name))
+    monkeypatch.setattr(simulate, "_configure", lambda *_args: None)
+    monkeypatch.setattr(simulate, "_scenario", scenario)
+    monkeypatch.setattr(simulate.migrate, "upgrade", lambda _dsn: None)
+    options = SimulateOptions(strategies=("fifo", "strict"), policies=("drop",))
+    templates = []
+    for _ in range(2):
+        created.clear()
+        run_simulation("dbname=postgres", options)
+        (template, none), *clones = created
+        assert none is None and len(clones) == 2
+        assert all(name.startswith(template + "_") and t == template for name, t in clones)
+        templates.append(template)
+    assert templates[0] != templates[1]
+    assert dropped[-1] == templates[1] and templates[0] in dropped
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_simulate_json_shape_and_tiers_keep_urgent_fast(server_dsn):
