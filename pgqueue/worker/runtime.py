@@ -134,6 +134,10 @@ class Worker:
         # the background rescuer has under way
         self._rescue_lock = asyncio.Lock()
         self._blocked_seconds: float | None = None
+        # kinds this worker cannot run (no handler, no API key): their jobs go back to the queue
+        # unrun, and a burst worker does not wait for them (found by a tester: without a key,
+        # `--burst` re-claimed the deferred jobs every 60 s and never exited)
+        self._cannot_run: set[str] = set()
         self._pool: AsyncConnectionPool[Any] | None = None
         self._completer: Completer | None = None
 
@@ -212,6 +216,7 @@ class Worker:
                     "%s jobs claimed by this worker go back to the queue unrun",
                     ANTHROPIC_KIND,
                 )
+                self._cannot_run.add(ANTHROPIC_KIND)
         if self._stopping:  # asked to stop while starting: nothing was claimed
             return self.stats
         pool_size = min(self.concurrency, 8) + 2
@@ -343,6 +348,12 @@ class Worker:
                 due = await self._next_due()
                 if due is not None and due <= self.settings.burst_horizon_seconds:
                     return True
+                if self._cannot_run:
+                    log.warning(
+                        "burst: nothing left that this worker can run; jobs of kind %s stay "
+                        "queued for a worker that can",
+                        ", ".join(sorted(self._cannot_run)),
+                    )
                 log.info("burst: nothing left to run; exiting")
                 return False
             if due is not None:
@@ -400,7 +411,9 @@ class Worker:
         async for attempt in transient_retry(PRODUCER_RETRY_SECONDS):
             with attempt:
                 async with self._pool.connection(timeout=PRODUCER_RETRY_SECONDS) as conn:
-                    row = await queries.arun(conn, "job_next_due")
+                    row = await queries.arun(
+                        conn, "job_next_due", {"skip_kinds": sorted(self._cannot_run)}
+                    )
         return None if row is None or row["seconds"] is None else float(row["seconds"])
 
     async def _run_job(self, job: Job, deadline: SharedDeadline) -> None:
@@ -414,6 +427,8 @@ class Worker:
                 outcome = Interrupted()
             finally:
                 deadline.finish()
+            if job.kind not in self.registry:  # no handler here: a burst worker won't wait
+                self._cannot_run.add(job.kind)
             self._recording.add(job.id)
             if len(self._flushing) < self.concurrency and self._completer.batches(job, outcome):
                 # Write-behind: the handler is done, so its slot frees now and the next claim

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import psycopg
 import pytest
 
@@ -40,3 +42,42 @@ async def test_a_burst_worker_runs_jobs_whose_lease_expired_before_exiting(db_ds
 
 async def _never() -> None:
     """A background rescuer that never gets to run."""
+
+
+@pytest.mark.timeout(120)
+async def test_a_burst_worker_leaves_the_jobs_it_cannot_run_and_exits(
+    db_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a tester following the README without an API key: the anthropic.messages jobs
+    went back to the queue for 60 s, inside the burst horizon (60 s), and `--burst` claimed them
+    again every minute, forever. Now a burst worker does not wait for jobs of kinds it cannot
+    run (no API key, no handler): it runs the others and exits, and those stay queued."""
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("PGQUEUE_ANTHROPIC_API_KEY_FILE", raising=False)
+    payload = {
+        "model": "claude-haiku-4-5",
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    with psycopg.connect(db_dsn) as conn:
+        pgqueue.enqueue_many(
+            conn,
+            [
+                JobSpec("t", "scheduled", payload),
+                JobSpec("t", "scheduled", {"n": 1}, kind="pgqueue.noop"),
+                JobSpec("t", "scheduled", {"n": 2}, kind="no.such.kind"),
+            ],
+        )
+        conn.commit()
+    worker = Worker(db_dsn, Settings(poll_interval_seconds=0.1), concurrency=4, burst=True)
+    # before the fix the worker never returned: the wait bounds the test, not its speed
+    stats = await asyncio.wait_for(worker.run(install_signal_handlers=False), 50)
+
+    assert stats.outcomes["succeeded"] == 1
+    with psycopg.connect(db_dsn) as conn:
+        rows = conn.execute("SELECT kind, state::text FROM pgqueue.jobs ORDER BY id").fetchall()
+    assert rows == [
+        ("anthropic.messages", "queued"),
+        ("pgqueue.noop", "succeeded"),
+        ("no.such.kind", "queued"),
+    ]

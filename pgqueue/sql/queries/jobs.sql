@@ -163,9 +163,11 @@ RETURNING j.id, j.state::text AS state
 
 -- name: job_next_due :one
 -- Seconds (database clock) until the earliest queued job is due; NULL when nothing is queued.
+-- Jobs of the kinds in `skip_kinds` (text[]) do not count: a burst worker leaves the kinds it
+-- cannot run (no handler, no API key) to other workers instead of waiting for them forever.
 SELECT extract(epoch FROM min(run_at) - now())::double precision AS seconds
 FROM pgqueue.jobs
-WHERE state = 'queued'
+WHERE state = 'queued' AND kind <> ALL (%(skip_kinds)s::text[])
 
 -- name: job_requeue_failed :many
 -- `pgqueue retry`: failed jobs matching every given filter go back to the queue with fresh
