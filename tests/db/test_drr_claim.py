@@ -311,16 +311,23 @@ job_lists = st.lists(
     pro=st.sampled_from(["a", "b", "none"]),
 )
 def test_sql_claim_matches_reference(conn, phases, quanta, pro):
+    plans = {tenant: "pro" if tenant == pro else "free" for tenant in quanta}
+    _claims_match_reference(conn, phases, quanta, plans, final_batch=7)
+
+
+def _claims_match_reference(conn, phases, quanta, plans, *, final_batch):
+    """Reset; the tenants' plans and quanta; each phase's jobs, then its claims, against the
+    reference; then a drain, which leaves no scheduler state behind."""
     reset(conn)
     for tenant, q in quanta.items():
-        set_tenant(conn, tenant, plan="pro" if tenant == pro else "free", quantum=q)
+        set_tenant(conn, tenant, plan=plans.get(tenant, "free"), quantum=q)
     conn.commit()
     ref = reference(conn)
     for jobs, n, batch in phases:
         add_jobs(conn, jobs, ref)
         got = claim_n(conn, n, batch=batch)
         assert got == ref_take(ref, n)
-    assert claim_n(conn, 10_000, batch=7) == ref_take(ref, 10_000)
+    assert claim_n(conn, 10_000, batch=final_batch) == ref_take(ref, 10_000)
     assert conn.execute("SELECT count(*) FROM pgqueue.deficits").fetchone() == (0,)
 
 
@@ -457,17 +464,7 @@ costly_job_lists = st.lists(
 def test_sql_claim_matches_reference_with_costs_far_above_the_quanta(conn, phases, quanta):
     """Revision 0022's skipped rounds give the dispatches of the turns one by one (whole
     costs and quanta: the deficits are then the same sums)."""
-    reset(conn)
-    for tenant, q in quanta.items():
-        set_tenant(conn, tenant, quantum=q)
-    conn.commit()
-    ref = reference(conn)
-    for jobs, n, batch in phases:
-        add_jobs(conn, jobs, ref)
-        got = claim_n(conn, n, batch=batch)
-        assert got == ref_take(ref, n)
-    assert claim_n(conn, 10_000, batch=5) == ref_take(ref, 10_000)
-    assert conn.execute("SELECT count(*) FROM pgqueue.deficits").fetchone() == (0,)
+    _claims_match_reference(conn, phases, quanta, {}, final_batch=5)
 
 
 def test_skipped_rounds_stop_one_round_before_the_first_pair_can_pay(conn):

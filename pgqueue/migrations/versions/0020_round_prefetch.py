@@ -218,20 +218,25 @@ IF ht[{x}] IS NULL AND nt[{x}] IS NOT NULL THEN
     bdone[{x}] := ndone[{x}];
     nt[{x}] := NULL;
 ELS{condition}
-    -- the tier's turns that ended, to write first
-    rt := '{{}}';
-    rdef := '{{}}';
-    rpos := '{{}}';
-    FOR ri IN 1 .. cardinality(rot_ts) LOOP
-        IF rot_tiers[ri] = tr THEN
-            rt := rt || rot_ts[ri];
-            rdef := rdef || rot_defs[ri];
-            rpos := rpos || rot_poss[ri];
-        END IF;
-    END LOOP;
+{pending}"""
+
+#: The tier's noted moves to the tail, gathered for the statement that writes them (rt, rdef,
+#: rpos); after it, :data:`WRITTEN` drops them from the notes. (Revision 0022 reuses both.)
+PENDING = """\
+-- the tier's turns that ended, to write first
+rt := '{}';
+rdef := '{}';
+rpos := '{}';
+FOR ri IN 1 .. cardinality(rot_ts) LOOP
+    IF rot_tiers[ri] = tr THEN
+        rt := rt || rot_ts[ri];
+        rdef := rdef || rot_defs[ri];
+        rpos := rpos || rot_poss[ri];
+    END IF;
+END LOOP;
 """
 
-_WRITTEN = """\
+WRITTEN = """\
 IF cardinality(rt) > 0 THEN  -- written: keep the other tiers' moves only
     rt := '{}';
     rtr := '{}';
@@ -310,7 +315,7 @@ _SORTED_AGG = re.compile(r"array_agg\((\w)\.(id|cost|run_at) ORDER BY \1\.run_at
 _SORTED_AGGS = 15  # three per buffer fetch: the first load, two head loads, two refills
 
 
-def _indented(text: str, spaces: int) -> str:
+def indented(text: str, spaces: int) -> str:
     pad = " " * spaces
     return "".join(pad + line if line.strip() else line for line in text.splitlines(True))
 
@@ -337,13 +342,13 @@ def dispatch() -> str:
     body = _replace(body, _OLD_DECLARATIONS, _NEW_DECLARATIONS)
     start = body.index(_FOLD_START)
     end = body.index(_FOLD_END, start) + len(_FOLD_END)
-    fold = _indented(body[start:end], 4)
+    fold = indented(body[start:end], 4)
     body = body[:start] + _FOLD_GATE + fold + "        END IF;\n" + body[end:]
     body = _replace(body, _AFTER_FOLD, _AFTER_FOLD + _FIRST_LOAD)
     for anchor, x, spaces in ((_HEAD_LOAD_A, "i", 20), (_HEAD_LOAD_B, "b", 16)):
         condition = anchor.strip()
-        promote = _PROMOTE.format(x=x, condition=condition)
-        body = _replace(body, anchor, _indented(promote, spaces))
+        promote = _PROMOTE.format(x=x, condition=condition, pending=indented(PENDING, 4))
+        body = _replace(body, anchor, indented(promote, spaces))
         inner = " " * (spaces + 8)
         body = _replace(body, _ROTATE_OLD.format(i=inner), _ROTATE_NEW.format(i=inner))
         pad = " " * (spaces + 4)
@@ -351,7 +356,7 @@ def dispatch() -> str:
         body = _replace(
             body,
             pad + _ROT_CLEARED + pad + use,
-            pad + "got_head := FOUND;\n" + _indented(_WRITTEN, spaces + 4) + pad + kept,
+            pad + "got_head := FOUND;\n" + indented(WRITTEN, spaces + 4) + pad + kept,
         )
     body = _replace(body, _NOT_ROTATED_OLD, _NOT_ROTATED_NEW, times=2)
     body = _replace(body, _TURN_ENDS_OLD, _TURN_ENDS_NEW)

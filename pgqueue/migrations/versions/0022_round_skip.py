@@ -68,16 +68,7 @@ _SKIP = """\
                 -- when a pair has no due job: it leaves the round at its turn.
                 idle := idle + 1;
                 IF idle >= idle_limit THEN
-                    rt := '{}';
-                    rdef := '{}';
-                    rpos := '{}';
-                    FOR ri IN 1 .. cardinality(rot_ts) LOOP
-                        IF rot_tiers[ri] = tr THEN
-                            rt := rt || rot_ts[ri];
-                            rdef := rdef || rot_defs[ri];
-                            rpos := rpos || rot_poss[ri];
-                        END IF;
-                    END LOOP;
+{pending}
                     WITH rotated AS (
                         UPDATE pgqueue.deficits d SET deficit = u.deficit, pos = u.pos
                         FROM unnest(rt, rdef, rpos) AS u(tenant_id, deficit, pos)
@@ -107,24 +98,7 @@ _SKIP = """\
                            bool_and(p.cost IS NOT NULL)
                     INTO skip_k, all_due
                     FROM pairs p;
-                    IF cardinality(rt) > 0 THEN  -- written: keep the other tiers' moves only
-                        rt := '{}';
-                        rtr := '{}';
-                        rdef := '{}';
-                        rpos := '{}';
-                        FOR ri IN 1 .. cardinality(rot_ts) LOOP
-                            IF rot_tiers[ri] <> tr THEN
-                                rt := rt || rot_ts[ri];
-                                rtr := rtr || rot_tiers[ri];
-                                rdef := rdef || rot_defs[ri];
-                                rpos := rpos || rot_poss[ri];
-                            END IF;
-                        END LOOP;
-                        rot_ts := rt;
-                        rot_tiers := rtr;
-                        rot_defs := rdef;
-                        rot_poss := rpos;
-                    END IF;
+{written}
                     IF all_due AND skip_k >= 1 THEN
                         UPDATE pgqueue.deficits d
                         SET deficit = d.deficit + skip_k * q.quantum
@@ -165,7 +139,11 @@ def dispatch() -> str:
     body: str = _revision_0020().dispatch()
     body = _replace(body, _DECLARED, _DECLARATIONS)
     body = _replace(body, _DISPATCH_STARTS, _DISPATCH_STARTS + "            idle := 0;\n")
-    return _replace(body, _TURN_ENDED, _SKIP)
+    r0020 = _revision_0020()
+    # the tier's noted moves, written first and dropped after, as revision 0020's head loads do
+    skip = _SKIP.replace("{pending}\n", r0020.indented(r0020.PENDING, 20))
+    skip = skip.replace("{written}\n", r0020.indented(r0020.WRITTEN, 20))
+    return _replace(body, _TURN_ENDED, skip)
 
 
 def upgrade() -> None:
