@@ -483,3 +483,36 @@ def test_skipped_rounds_stop_one_round_before_the_first_pair_can_pay(conn):
     got = claim_n(conn, 2, batch=2)
     assert [d.tenant_id for d in got] == [second, first]
     assert got == ref_take(ref, 2)
+
+
+def test_every_dispatch_of_a_claim_skips_as_soon_as_the_first(conn):
+    """Found by a second tester: the turn limit before a skip doubled across a claim's
+    dispatches, so the twelfth job of one claim waited for 64 × 2^11 turns one by one (a claim
+    of 28 costly jobs: 15 s under the scheduler's lock). The limit is per dispatch now."""
+    set_tenant(conn, "A", quantum=1.0)
+    ref = reference(conn)
+    jobs = [(C, "A", 5000.0)] * 12
+    add_jobs(conn, jobs, ref)
+    conn.execute("SET statement_timeout = '10s'")
+    conn.commit()
+    assert claim_n(conn, 12, batch=12) == ref_take(ref, 12)
+
+
+@pytest.mark.parametrize(
+    ("statement", "constraint"),
+    [
+        ("UPDATE pgqueue.jobs SET cost = 'NaN'", "jobs_cost_bounded"),
+        ("UPDATE pgqueue.jobs SET cost = 'Infinity'", "jobs_cost_bounded"),
+        ("UPDATE pgqueue.jobs SET cost = 1e10", "jobs_cost_bounded"),
+        ("UPDATE pgqueue.tenants SET quantum = 0.0001", "tenants_quantum_floor"),
+    ],
+)
+def test_costs_and_quanta_stay_where_rounds_can_be_counted(conn, statement, constraint):
+    """Revision 0022's bounds (the second tester): NaN and Infinity passed `cost >= 1`, and a
+    skip of more rounds than a bigint holds failed every later claim; below a quantum of
+    0.001 a deficit near a huge cost stops growing in float8."""
+    set_tenant(conn, "A", quantum=1.0)
+    add_jobs(conn, [(C, "A", 1.0)])
+    with pytest.raises(psycopg.errors.CheckViolation, match=constraint):
+        conn.execute(statement)
+    conn.rollback()

@@ -9,7 +9,8 @@ waited (found by a fresh tester; the constraints allow any cost ≥ 1 and any fi
 below it, whole rounds pass in which nobody is served.
 
 Now, after ``idle_limit`` turns in one dispatch that ended without serving (64, doubled at
-each use within a claim), the claim writes the tier's noted moves to the tail and computes,
+each use within the dispatch: found by a second tester, a limit doubled across the claim's
+dispatches made a claim of 28 costly jobs take 15 s), the claim writes the tier's noted moves to the tail and computes,
 over every pair of the round, the number of turns each still needs before it can pay for its
 next due job: ``ceil((cost - deficit) / quantum)``. One less than the fewest is the number of
 rounds in which nobody can be served; it adds that many quanta to every pair's deficit and
@@ -18,6 +19,11 @@ does not change (a whole round moves each of them to the tail once). It does not
 pair of the round has no due job (it would leave the round at its turn). The deficits are
 those that many turns would give, as one product rather than a sum (the same value for whole
 quanta and costs, the only ones the reference model is compared with).
+
+New constraints keep costs and quanta where this holds (the same tester): ``jobs.cost <= 1e9``
+(NaN and Infinity passed ``cost >= 1``, and a skip of more rounds than a bigint holds failed
+the claim) and ``tenants.quantum >= 0.001`` (what ``pgqueue tenants set`` already asks), so a
+deficit can always grow by a quantum in float8 and the rounds fit a bigint.
 
 ``drr_dispatch`` is revision 0020's, edited here, not copied.
 
@@ -42,8 +48,9 @@ depends_on = None
 _DECLARED = "    served boolean;\n"
 _DECLARATIONS = """\
     served boolean;
-    -- turns of this dispatch that ended without serving; at `idle_limit` of them the rounds
-    -- in which no pair of the tier can pay are skipped (revision 0022)
+    -- turns of this dispatch that ended without serving; at `idle_limit` of them (64, doubled
+    -- after each skip within the dispatch) the rounds in which no pair of the tier can pay
+    -- are skipped (revision 0022)
     idle integer := 0;
     idle_limit integer := 64;
     skip_k double precision;
@@ -99,7 +106,9 @@ _SKIP = """\
                     INTO skip_k, all_due
                     FROM pairs p;
 {written}
-                    IF all_due AND skip_k >= 1 THEN
+                    -- (below 1e15 rounds: a cost or quantum outside the constraints, in a row
+                    -- older than them, is left to the turns one by one)
+                    IF all_due AND skip_k >= 1 AND skip_k < 1e15 THEN
                         UPDATE pgqueue.deficits d
                         SET deficit = d.deficit + skip_k * q.quantum
                         FROM (SELECT p.tenant_id,
@@ -138,7 +147,11 @@ def dispatch() -> str:
     """``drr_dispatch`` as this revision creates it."""
     body: str = _revision_0020().dispatch()
     body = _replace(body, _DECLARED, _DECLARATIONS)
-    body = _replace(body, _DISPATCH_STARTS, _DISPATCH_STARTS + "            idle := 0;\n")
+    body = _replace(
+        body,
+        _DISPATCH_STARTS,
+        _DISPATCH_STARTS + "            idle := 0;\n            idle_limit := 64;\n",
+    )
     r0020 = _revision_0020()
     # the tier's noted moves, written first and dropped after, as revision 0020's head loads do
     skip = _SKIP.replace("{pending}\n", r0020.indented(r0020.PENDING, 20))
@@ -146,13 +159,28 @@ def dispatch() -> str:
     return _replace(body, _TURN_ENDED, skip)
 
 
+#: Costs and quanta whose ratio the skip can count in rounds and whose deficits keep growing in
+#: float8 (a job's cost is max(1, estimated input tokens / 1000), so real costs are far below
+#: the bound; `pgqueue tenants set` already asks for a quantum of 0.001 to 1e9). NaN and
+#: Infinity passed the old `cost >= 1`. NOT VALID: rows already stored are not checked.
+_BOUNDS = (
+    "ALTER TABLE pgqueue.jobs ADD CONSTRAINT jobs_cost_bounded CHECK (cost <= 1e9) NOT VALID",
+    "ALTER TABLE pgqueue.tenants ADD CONSTRAINT tenants_quantum_floor"
+    " CHECK (quantum IS NULL OR quantum >= 0.001) NOT VALID",
+)
+
+
 def upgrade() -> None:
     op.execute(dispatch())
     for statement in _revision_0017().dispatch_settings():  # CREATE OR REPLACE dropped them
         op.execute(statement)
+    for statement in _BOUNDS:
+        op.execute(statement)
 
 
 def downgrade() -> None:
+    op.execute("ALTER TABLE pgqueue.tenants DROP CONSTRAINT tenants_quantum_floor")
+    op.execute("ALTER TABLE pgqueue.jobs DROP CONSTRAINT jobs_cost_bounded")
     op.execute(_revision_0020().dispatch())
     for statement in _revision_0017().dispatch_settings():
         op.execute(statement)
