@@ -501,9 +501,9 @@ def test_every_dispatch_of_a_claim_skips_as_soon_as_the_first(conn):
 @pytest.mark.parametrize(
     ("statement", "constraint"),
     [
-        ("UPDATE pgqueue.jobs SET cost = 'NaN'", "jobs_cost_bounded"),
-        ("UPDATE pgqueue.jobs SET cost = 'Infinity'", "jobs_cost_bounded"),
-        ("UPDATE pgqueue.jobs SET cost = 1e10", "jobs_cost_bounded"),
+        ("UPDATE pgqueue.jobs SET cost = 'NaN'", "jobs_cost_check"),
+        ("UPDATE pgqueue.jobs SET cost = 'Infinity'", "jobs_cost_check"),
+        ("UPDATE pgqueue.jobs SET cost = 1e10", "jobs_cost_check"),
         ("UPDATE pgqueue.tenants SET quantum = 0.0001", "tenants_quantum_floor"),
     ],
 )
