@@ -516,3 +516,36 @@ def test_costs_and_quanta_stay_where_rounds_can_be_counted(conn, statement, cons
     with pytest.raises(psycopg.errors.CheckViolation, match=constraint):
         conn.execute(statement)
     conn.rollback()
+
+
+def test_waiting_pairs_are_probed_in_join_order_not_in_physical_order(conn):
+    """Revision 0023 (found by a fresh tester): with a tier's round empty, the due waiting pairs
+    were probed in the rows' physical order. A pair with only future jobs that was probed first
+    left to wait for them; probed after a due pair, it joined the round with it. So the same
+    contents, written in another order, gave another round. The probe now follows the join
+    order, whatever order the rows were written in."""
+    due, future = sorted(["x", "y", "z", "w"], key=stable_offset)[:2]
+    rounds = []
+    for written_first in (future, due):
+        reset(conn)
+        set_tenant(conn, due)
+        set_tenant(conn, future)
+        add_jobs(conn, [(C, future, 1.0)], run_at_offset_seconds=3600)
+        add_jobs(conn, [(C, due, 1.0)] * 2)
+        # the waiting pairs as a fold may leave them, in one order or the other
+        conn.execute("DELETE FROM pgqueue.drr_inbox")
+        conn.execute("DELETE FROM pgqueue.deficits")
+        for tenant in (written_first, ({due, future} - {written_first}).pop()):
+            conn.execute(
+                "INSERT INTO pgqueue.deficits (tenant_id, tier, refill_offset)"
+                " VALUES (%s, 'critical', pgqueue.refill_offset(%s))",
+                (tenant, tenant),
+            )
+        conn.commit()
+        assert [d.tenant_id for d in claim(conn, 1)] == [due]
+        rounds.append(
+            conn.execute(
+                "SELECT tenant_id, pos IS NOT NULL FROM pgqueue.deficits ORDER BY tenant_id"
+            ).fetchall()
+        )
+    assert rounds[0] == rounds[1]
