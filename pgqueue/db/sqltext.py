@@ -40,3 +40,18 @@ def revision_module(path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def replace_anchor(body: str, anchor: str, replacement: str, *, what: str, times: int = 1) -> str:
+    """``body`` with ``anchor`` replaced by ``replacement``: how a revision edits an older
+    revision's statement instead of copying it. ``what`` names the revision and the statement
+    in the error.
+
+    Raises:
+        RuntimeError: ``anchor`` occurs in ``body`` other than ``times`` times (the older text
+            is not the one the edit was written for).
+    """
+    found = body.count(anchor)
+    if found != times:
+        raise RuntimeError(f"{what}: {found} of {anchor.strip()[:48]!r}, not {times}")
+    return body.replace(anchor, replacement)

@@ -31,7 +31,7 @@ from psycopg_pool import AsyncConnectionPool
 from pgqueue.db import queries
 from pgqueue.db.migrate import check_schema
 from pgqueue.handlers.anthropic import KIND as ANTHROPIC_KIND
-from pgqueue.handlers.anthropic import AnthropicMessagesHandler
+from pgqueue.handlers.anthropic import AnthropicMessagesHandler, prepare_for_worker
 from pgqueue.handlers.registry import NOOP_KIND, Registry, noop
 from pgqueue.models import Interrupted, Job, Outcome
 from pgqueue.observability import metrics
@@ -204,19 +204,7 @@ class Worker:
 
     async def _run(self) -> WorkerStats:
         await asyncio.to_thread(self._check_schema)
-        anthropic_handler = self.registry.get(ANTHROPIC_KIND)
-        if isinstance(anthropic_handler, AnthropicMessagesHandler):
-            if anthropic_handler.has_api_key():
-                # Before the first claim: the rate limiter admits a request when it is claimed,
-                # and a first job that waited for the import would reach the provider late.
-                await asyncio.to_thread(anthropic_handler.load_sdk)
-            else:
-                log.warning(
-                    "no Anthropic API key (ANTHROPIC_API_KEY or PGQUEUE_ANTHROPIC_API_KEY_FILE): "
-                    "%s jobs claimed by this worker go back to the queue unrun",
-                    ANTHROPIC_KIND,
-                )
-                self._cannot_run.add(ANTHROPIC_KIND)
+        self._cannot_run |= await prepare_for_worker(self.registry.get(ANTHROPIC_KIND))
         if self._stopping:  # asked to stop while starting: nothing was claimed
             return self.stats
         pool_size = min(self.concurrency, 8) + 2

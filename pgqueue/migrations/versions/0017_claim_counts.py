@@ -30,7 +30,7 @@ from types import ModuleType
 
 from alembic import op
 
-from pgqueue.db.sqltext import function_definition, revision_module
+from pgqueue.db.sqltext import function_definition, replace_anchor, revision_module
 
 revision = "0017"
 down_revision = "0016"
@@ -130,9 +130,7 @@ def _revision(name: str) -> ModuleType:
 
 
 def _replace_once(body: str, anchor: str, replacement: str, what: str) -> str:
-    if body.count(anchor) != 1:
-        raise RuntimeError(f"revision 0017: {what} lacks {anchor.strip()[:48]!r}")
-    return body.replace(anchor, replacement)
+    return replace_anchor(body, anchor, replacement, what=f"revision 0017: {what}")
 
 
 def _dispatch_before() -> str:

@@ -24,7 +24,7 @@ from types import ModuleType
 
 from alembic import op
 
-from pgqueue.db.sqltext import revision_module
+from pgqueue.db.sqltext import replace_anchor, revision_module
 
 revision = "0018"
 down_revision = "0017"
@@ -46,9 +46,9 @@ def _revision_0017() -> ModuleType:
 def dispatch() -> str:
     """``drr_dispatch`` as this revision creates it."""
     body: str = _revision_0017().dispatch()
-    if body.count(_HEAD_LOAD) != 1:
-        raise RuntimeError("revision 0018: drr_dispatch lacks the recheck's round-head load")
-    return body.replace(_HEAD_LOAD, _HEAD_LOAD_IF_MEMBERS)
+    return replace_anchor(
+        body, _HEAD_LOAD, _HEAD_LOAD_IF_MEMBERS, what="revision 0018: drr_dispatch"
+    )
 
 
 def upgrade() -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from alembic import op
 
-from pgqueue.db.sqltext import function_definition
+from pgqueue.db.sqltext import function_definition, replace_anchor
 
 revision = "0019"
 down_revision = "0018"
@@ -164,9 +164,7 @@ _ENQUEUED_POL = "outcome := 'enqueued'; tier := t; policy := pol;"
 
 
 def _replace_once(body: str, anchor: str, replacement: str) -> str:
-    if body.count(anchor) != 1:
-        raise RuntimeError(f"revision 0019: 0008's try_enqueue lacks {anchor.strip()[:48]!r}")
-    return body.replace(anchor, replacement)
+    return replace_anchor(body, anchor, replacement, what="revision 0019: 0008's try_enqueue")
 
 
 def try_enqueue() -> str:

@@ -28,7 +28,7 @@ from types import ModuleType
 
 from alembic import op
 
-from pgqueue.db.sqltext import revision_module
+from pgqueue.db.sqltext import replace_anchor, revision_module
 
 revision = "0020"
 down_revision = "0019"
@@ -321,11 +321,9 @@ def indented(text: str, spaces: int) -> str:
 
 
 def _replace(body: str, anchor: str, replacement: str, times: int = 1) -> str:
-    if body.count(anchor) != times:
-        raise RuntimeError(
-            f"revision 0020: drr_dispatch has {body.count(anchor)} of {anchor!r}, not {times}"
-        )
-    return body.replace(anchor, replacement)
+    return replace_anchor(
+        body, anchor, replacement, what="revision 0020: drr_dispatch", times=times
+    )
 
 
 def _revision_0018() -> ModuleType:

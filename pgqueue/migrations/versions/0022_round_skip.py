@@ -39,7 +39,7 @@ from types import ModuleType
 
 from alembic import op
 
-from pgqueue.db.sqltext import revision_module
+from pgqueue.db.sqltext import replace_anchor, revision_module
 
 revision = "0022"
 down_revision = "0021"
@@ -129,11 +129,7 @@ _SKIP = """\
 
 
 def _replace(body: str, anchor: str, replacement: str) -> str:
-    if body.count(anchor) != 1:
-        raise RuntimeError(
-            f"revision 0022: drr_dispatch has {body.count(anchor)} of {anchor!r}, not 1"
-        )
-    return body.replace(anchor, replacement)
+    return replace_anchor(body, anchor, replacement, what="revision 0022: drr_dispatch")
 
 
 def _revision_0020() -> ModuleType:

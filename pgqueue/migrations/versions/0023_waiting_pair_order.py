@@ -24,7 +24,7 @@ from types import ModuleType
 
 from alembic import op
 
-from pgqueue.db.sqltext import revision_module
+from pgqueue.db.sqltext import replace_anchor, revision_module
 
 revision = "0023"
 down_revision = "0022"
@@ -55,9 +55,7 @@ def _revision_0017() -> ModuleType:
 def dispatch() -> str:
     """``drr_dispatch`` as this revision creates it."""
     body: str = _revision_0022().dispatch()
-    if body.count(_PROBE) != 1:
-        raise RuntimeError("revision 0023: drr_dispatch lacks the waiting-pair probe")
-    return body.replace(_PROBE, _PROBE_ORDERED)
+    return replace_anchor(body, _PROBE, _PROBE_ORDERED, what="revision 0023: drr_dispatch")
 
 
 def upgrade() -> None:
