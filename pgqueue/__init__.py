@@ -10,6 +10,7 @@ backpressure, all in Postgres. Enqueue joins the caller's transaction::
 
 from pgqueue.admission import admission_status, set_admission, set_tenant_max_queued
 from pgqueue.batch import JobSpec
+from pgqueue.cancel import cancel
 from pgqueue.enqueue import enqueue, enqueue_many
 from pgqueue.errors import (
     AdmissionError,
@@ -24,6 +25,7 @@ from pgqueue.errors import (
     PgqueueError,
     QueueFull,
     SchemaOutOfDate,
+    UnknownJob,
     UnknownOrigin,
     UnknownTenant,
     UsageError,
@@ -50,10 +52,12 @@ __all__ = [
     "Registry",
     "SchemaOutOfDate",
     "Tier",
+    "UnknownJob",
     "UnknownOrigin",
     "UnknownTenant",
     "UsageError",
     "admission_status",
+    "cancel",
     "enqueue",
     "enqueue_many",
     "set_admission",

@@ -83,6 +83,12 @@ class InvalidArgument(UsageError):
     sqlstate = "PQ009"
 
 
+class UnknownJob(UsageError):
+    """No such job, or not one of the given tenant (or of the session's tenant scope)."""
+
+    sqlstate = "PQ011"
+
+
 # ------------------------------------------------------------------------- admission errors
 class AdmissionError(PgqueueError):
     """Admission control refused a valid job for now; nothing was written, and the caller's
@@ -198,6 +204,7 @@ USAGE_ERRORS: tuple[type[UsageError], ...] = (
     UnknownTenant,
     InvalidKind,
     InvalidArgument,
+    UnknownJob,
 )
 
 _BY_SQLSTATE: dict[str, type[UsageError]] = {cls.sqlstate: cls for cls in USAGE_ERRORS}

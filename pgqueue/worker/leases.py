@@ -49,6 +49,19 @@ async def extend(
     return {r["id"] for r in rows}
 
 
+async def cancelled_among(pool: AsyncConnectionPool[Any], ids: list[int]) -> set[int]:
+    """Of ``ids`` (jobs whose lease a heartbeat no longer found), those cancelled
+    (``pgqueue.cancel``); an empty set on a database error (logged; the next heartbeat asks
+    again)."""
+    try:
+        async with pool.connection() as conn:
+            rows = await queries.arun(conn, "job_cancelled_among", {"ids": ids})
+    except psycopg.Error as exc:
+        log.warning("could not check for cancelled jobs (%s); will retry", exc)
+        return set()
+    return {r["id"] for r in rows}
+
+
 async def rescue(pool: AsyncConnectionPool[Any], limit: int = 1000) -> list[dict[str, Any]]:
     """Put back (or fail, once their attempts are spent) up to ``limit`` jobs whose lease
     expired; one rescuer at a time across workers (``RESCUE_LOCK_KEY``). Returns their

@@ -127,6 +127,9 @@ class Worker:
         # jobs whose handler is done and whose success waits for the completer's next flush
         self._flushing: dict[int, tuple[Job, asyncio.Task[None]]] = {}
         self._lost: set[int] = set()
+        # jobs cancelled while their handler ran (pgqueue.cancel): the handler is stopped and
+        # nothing is written (the row already says cancelled)
+        self._cancelled: set[int] = set()
         # jobs whose handler is done and whose outcome is being written: a heartbeat that no
         # longer finds them saw that write, not a lost lease
         self._recording: set[int] = set()
@@ -415,6 +418,11 @@ class Worker:
                 outcome = Interrupted()
             finally:
                 deadline.finish()
+            if job.id in self._cancelled:
+                log.info("job %s: cancelled while running; its handler was stopped", job.id)
+                self.stats.outcomes["cancelled"] += 1
+                metrics.count_cancelled()
+                return
             if job.kind not in self.registry:  # no handler here: a burst worker won't wait
                 self._cannot_run.add(job.kind)
             self._recording.add(job.id)
@@ -448,6 +456,7 @@ class Worker:
             self._flushing.pop(job.id, None)
             self._recording.discard(job.id)
             self._lost.discard(job.id)
+            self._cancelled.discard(job.id)
             if not released:
                 self._release(job)
 
@@ -522,17 +531,29 @@ class Worker:
         held = await leases.extend(self._pool, jobs, self.settings.lease_seconds)
         if held is None:
             return
-        for job in jobs:
+        lost = [
+            job.id
+            for job in jobs
             # flushing jobs are recording: only a handler still running can lose its lease
-            if (
-                job.id not in held
-                and job.id in self._inflight
-                and job.id not in self._recording
-                and job.id not in self._lost
-            ):
-                self._lost.add(job.id)
-                self.stats.lost_leases += 1
-                log.warning("job %s: lease lost; its outcome will be dropped", job.id)
+            if job.id not in held
+            and job.id in self._inflight
+            and job.id not in self._recording
+            and job.id not in self._lost
+        ]
+        if not lost:
+            return
+        cancelled = await leases.cancelled_among(self._pool, lost)
+        for job_id in lost:
+            entry = self._inflight.get(job_id)
+            if job_id in cancelled and entry is not None and job_id not in self._recording:
+                # pgqueue.cancel: stop the handler now, so the slot frees and no more of the
+                # provider's time is spent on an answer nobody will store
+                self._cancelled.add(job_id)
+                entry[1].cancel()
+                continue
+            self._lost.add(job_id)
+            self.stats.lost_leases += 1
+            log.warning("job %s: lease lost; its outcome will be dropped", job_id)
 
     async def _rescue_loop(self) -> None:
         assert self._pool is not None

@@ -116,3 +116,22 @@ def test_one_grant_leaves_no_function_executable_by_public(db_dsn: str) -> None:
             """
         ).fetchall()
     assert public == []
+
+
+def test_producer_cancels_only_its_tenants_jobs(db_dsn, roles):
+    """pgqueue.cancel is a producer's function too (SECURITY DEFINER after `pgqueue grant`),
+    and a session scoped to a tenant reaches only that tenant's jobs."""
+    with psycopg.connect(db_dsn, autocommit=True) as owner:
+        b_job = pgqueue.enqueue(owner, tenant_id="b", origin="user_action", payload=PAYLOAD)
+        a_job = pgqueue.enqueue(owner, tenant_id="a", origin="user_action", payload=PAYLOAD)
+    with psycopg.connect(roles["producer"], autocommit=True) as conn:
+        conn.execute("SET pgqueue.tenant_id = 'a'")
+        with pytest.raises(pgqueue.UnknownJob):
+            pgqueue.cancel(conn, b_job)
+        assert pgqueue.cancel(conn, a_job) == "cancelled"
+        # no direct writes: the function is the only way in
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("UPDATE pgqueue.jobs SET state = 'cancelled' WHERE id = %s", (b_job,))
+    with psycopg.connect(db_dsn, autocommit=True) as owner:
+        states = dict(owner.execute("SELECT id, state::text FROM pgqueue.jobs").fetchall())
+    assert states == {a_job: "cancelled", b_job: "queued"}

@@ -206,3 +206,14 @@ WITH leader AS (
     RETURNING 1
 )
 SELECT count(*) AS deleted FROM gone
+
+-- name: job_cancel :one
+-- Cancel one queued or running job (pgqueue.cancel, revision 0024): its state after the call,
+-- 'cancelled', or the state it had already finished in. PQ011 when there is no such job.
+SELECT pgqueue.cancel(%(job_id)s, %(tenant_id)s, %(reason)s) AS state
+
+-- name: job_cancelled_among :many
+-- Of these ids (jobs whose lease a worker's heartbeat no longer found), the ones cancelled:
+-- their handlers stop. One probe of jobs_pkey per id.
+SELECT j.id FROM pgqueue.jobs j
+WHERE j.id = ANY (%(ids)s::bigint[]) AND j.state = 'cancelled'

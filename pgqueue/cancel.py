@@ -1,0 +1,102 @@
+"""Cancelling a job: :func:`cancel`, the Python face of the SQL function ``pgqueue.cancel``.
+
+Like :func:`pgqueue.enqueue`, it takes a psycopg ``Connection`` or ``AsyncConnection`` or a
+SQLAlchemy ``Session`` or ``AsyncSession`` (psycopg driver) and runs in the caller's
+transaction: the cancellation commits or rolls back with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import Any, overload
+
+import psycopg
+
+from pgqueue.db import queries
+from pgqueue.enqueue import (
+    AsyncTarget,
+    SyncTarget,
+    _async_conn,
+    _is_async,
+    _sync_conn,
+    _translate,
+)
+from pgqueue.errors import InvalidArgument, InvalidTenant
+from pgqueue.validation import MAX_TENANT_ID_CHARS, _check_text
+
+#: Longest cancellation reason, in characters (as ``pgqueue.cancel`` checks).
+MAX_REASON_CHARS = 1000
+
+_BIGINT_MAX = 2**63 - 1
+
+
+def _params(job_id: int, tenant_id: str | None, reason: str | None) -> dict[str, Any]:
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id <= _BIGINT_MAX:
+        raise InvalidArgument(f"job_id must be an integer from 1 to 2^63-1, got {job_id!r}")
+    if tenant_id is not None:
+        tenant_id = _check_text(tenant_id, "tenant_id", MAX_TENANT_ID_CHARS, InvalidTenant)
+    if reason is not None:
+        reason = _check_text(reason, "reason", MAX_REASON_CHARS, InvalidArgument)
+    return {"job_id": job_id, "tenant_id": tenant_id, "reason": reason}
+
+
+@overload
+def cancel(
+    conn: AsyncTarget, job_id: int, *, tenant_id: str | None = None, reason: str | None = None
+) -> Awaitable[str]: ...
+@overload
+def cancel(
+    conn: SyncTarget, job_id: int, *, tenant_id: str | None = None, reason: str | None = None
+) -> str: ...
+def cancel(
+    conn: SyncTarget | AsyncTarget,
+    job_id: int,
+    *,
+    tenant_id: str | None = None,
+    reason: str | None = None,
+) -> str | Awaitable[str]:
+    """Cancel a queued or running job, in the caller's transaction; return its state after.
+
+    A queued job is never claimed. A running job loses its lease at once: its worker's outcome
+    write is fenced off (dropped, and its tokens are not charged to the tenant's budget), and
+    the worker stops the handler at its next heartbeat (``heartbeat_seconds``, default 15 s),
+    freeing the slot; a provider call already sent may still be billed by the provider. A
+    finished job is left as it is.
+
+    Args:
+        conn: as for :func:`pgqueue.enqueue`; an async one makes this return an awaitable.
+        job_id: the id :func:`pgqueue.enqueue` returned.
+        tenant_id: when given, only that tenant's job (a job of another tenant is reported as
+            unknown, so ids cannot be probed across tenants). A session that sets
+            ``pgqueue.tenant_id`` only ever reaches its own tenant's jobs.
+        reason: optional, 1 to 1,000 characters, stored in ``last_error`` as
+            ``cancelled: <reason>`` (``cancelled`` without one).
+
+    Returns:
+        ``"cancelled"`` (now, or already before), or ``"succeeded"`` / ``"failed"`` when the
+        job had already finished that way (nothing changed).
+
+    Raises:
+        UnknownJob: no such job (for that tenant); the caller's transaction is aborted, as
+            with any database error (use a savepoint to keep it).
+        InvalidArgument, InvalidTenant, NulCharacter: bad arguments, before any statement.
+        SchemaOutOfDate: the database predates revision 0024 (run ``pgqueue migrate``).
+    """
+    params = _params(job_id, tenant_id, reason)
+    if _is_async(conn):
+        return _cancel_async(conn, params)  # type: ignore[arg-type]
+    sync = _sync_conn(conn)  # type: ignore[arg-type]
+    try:
+        row = queries.run(sync, "job_cancel", params)
+    except psycopg.Error as exc:
+        raise _translate(exc) from exc
+    return str(row["state"])
+
+
+async def _cancel_async(conn: AsyncTarget, params: dict[str, Any]) -> str:
+    aconn = await _async_conn(conn)
+    try:
+        row = await queries.arun(aconn, "job_cancel", params)
+    except psycopg.Error as exc:
+        raise _translate(exc) from exc
+    return str(row["state"])
