@@ -59,17 +59,38 @@ class CheckedJob:
     dedupe_key: str | None = None
 
 
+#: How many characters of a too-long string an error message shows (then "…").
+SHOWN_CHARS = 40
+
+
 def _shown(value: object, width: int = 80) -> str:
-    """``repr(value)`` cut to ``width`` characters, for an error message; never raises (an int
-    of more than 4,300 digits has no repr, by default)."""
+    """``repr(value)`` for an error message, at most ``width`` characters: a longer one is cut
+    and ends in "…", so the cut is plain to see; never raises (an int of more than 4,300 digits
+    has no repr, by default)."""
     try:
-        return repr(value)[:width]
+        text = repr(value)
     except Exception:  # whatever a broken __repr__ raises
         return f"<{type(value).__name__}>"
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def shown_text(value: str) -> str:
+    """A string for an error message: its repr, or for one longer than :data:`SHOWN_CHARS`
+    the repr of its first :data:`SHOWN_CHARS` characters followed by "…" (a tenant id of
+    thousands of characters would bury the message, and a repr cut in the middle reads as the
+    whole value)."""
+    if len(value) <= SHOWN_CHARS:
+        return repr(value)
+    return f"{value[:SHOWN_CHARS]!r}…"
 
 
 def _check_text(value: object, what: str, limit: int, error: type[Exception]) -> str:
-    if not isinstance(value, str) or value == "" or len(value) > limit:
+    if isinstance(value, str) and len(value) > limit:
+        raise error(
+            f"{what} must be a string of 1 to {limit} characters, got one of {len(value):,} "
+            f"characters: {shown_text(value)}"
+        )
+    if not isinstance(value, str) or value == "":
         raise error(f"{what} must be a string of 1 to {limit} characters, got {_shown(value)}")
     if "\x00" in value:
         raise NulCharacter(f"{what} contains a NUL character (U+0000)")
@@ -79,6 +100,35 @@ def _check_text(value: object, what: str, limit: int, error: type[Exception]) ->
             f"and cannot be sent to the database, got {_shown(value)}"
         )
     return value
+
+
+def check_tenant_id(tenant_id: object) -> str:
+    """``tenant_id`` if it is a valid tenant id: a string of 1 to :data:`MAX_TENANT_ID_CHARS`
+    characters, without NUL, valid Unicode.
+
+    Raises:
+        InvalidTenant: not a string, empty, too long (the message gives its length and shows
+            its first :data:`SHOWN_CHARS` characters, then "…"), or a lone surrogate in it.
+        NulCharacter: it holds U+0000.
+    """
+    return _check_text(tenant_id, "tenant_id", MAX_TENANT_ID_CHARS, InvalidTenant)
+
+
+def check_plan(plan: object) -> str:
+    """The name of a known plan (one of :data:`pgqueue.scheduling.drr.KNOWN_PLANS`), matched
+    case-insensitively and without surrounding blanks, as it is stored: lower case.
+
+    Raises:
+        InvalidArgument: not a string, or not a known plan (the message lists the known ones);
+            an unknown plan name would silently mean quantum ×1.
+    """
+    from pgqueue.scheduling.drr import KNOWN_PLANS
+
+    name = plan.strip().lower() if isinstance(plan, str) else None
+    if name is None or name not in KNOWN_PLANS:
+        shown = shown_text(plan) if isinstance(plan, str) else _shown(plan)
+        raise InvalidArgument(f"unknown plan {shown}; known plans: {', '.join(KNOWN_PLANS)}")
+    return name
 
 
 def is_utf8_encodable(text: str) -> bool:

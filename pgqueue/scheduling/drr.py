@@ -20,7 +20,9 @@ from typing import Any
 
 __all__ = [
     "CHARS_PER_TOKEN",
+    "DEFAULT_PLAN",
     "DEFAULT_QUANTUM",
+    "KNOWN_PLANS",
     "PLAN_QUANTUM_MULTIPLIERS",
     "TOKENS_PER_COST_UNIT",
     "DrrScheduler",
@@ -35,8 +37,17 @@ __all__ = [
 #: Default DRR quantum per round, in cost units (5 ≈ 5,000 estimated input tokens per round).
 DEFAULT_QUANTUM = 5.0
 
-#: Quantum multiplier per plan name; plans not listed get ×1.
+#: Quantum multiplier per plan name; plans not listed get ×1. The SQL function
+#: ``pgqueue.plan_quantum`` (revision 0002) holds the same table.
 PLAN_QUANTUM_MULTIPLIERS: Mapping[str, float] = {"pro": 3.0}
+
+#: The plan of a tenant registered without one (the column's default, revision 0001).
+DEFAULT_PLAN = "free"
+
+#: Every plan pgqueue knows: the default (×1) and those with a multiplier. ``pgqueue tenants
+#: set --plan`` accepts only these (:func:`pgqueue.validation.check_plan`): any other name
+#: would silently mean ×1.
+KNOWN_PLANS: tuple[str, ...] = (DEFAULT_PLAN, *PLAN_QUANTUM_MULTIPLIERS)
 
 #: Input tokens per cost unit.
 TOKENS_PER_COST_UNIT = 1000
