@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import re
 from collections.abc import Callable
 from typing import Annotated, Any, ParamSpec, TypeVar
 
@@ -48,9 +47,6 @@ DsnOption = Annotated[
     typer.Option("--dsn", help="Postgres DSN; default PGQUEUE_DSN, else the embedded server."),
 ]
 _INT32_MAX = 2_147_483_647
-# No longer used here (plans are checked by name: pgqueue.validation.check_plan); kept while
-# a committed pgqueue/cli/admin.py still imports it.
-_PLAN = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
 
 
 def _say(kind: str, message: str) -> None:

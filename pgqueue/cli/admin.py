@@ -16,7 +16,6 @@ from rich.table import Table
 
 from pgqueue.cli import (
     _INT32_MAX,
-    _PLAN,
     DsnOption,
     _dsn,
     _settings,
@@ -24,6 +23,7 @@ from pgqueue.cli import (
     app,
     cli_errors,
     console,
+    finite_in_range,
     limits_app,
     tenants_app,
 )
@@ -74,7 +74,22 @@ def dsn(
 def _read_payload(payload: str) -> Any:
     import pgqueue
 
-    raw = Path(payload[1:]).read_text(encoding="utf-8") if payload.startswith("@") else payload
+    raw = payload
+    if payload.startswith("@"):
+        name = payload[1:]
+        if not name:
+            raise pgqueue.InvalidArgument("--payload @FILE needs a file name after the @")
+        try:
+            raw = Path(name).read_bytes().decode("utf-8")
+        except OSError as exc:  # missing, a directory, no permission
+            raise pgqueue.InvalidArgument(
+                f"cannot read payload file {name!r}: {exc.strerror or exc}"
+            ) from None
+        except UnicodeDecodeError as exc:
+            raise pgqueue.InvalidArgument(
+                f"cannot read payload file {name!r}: not UTF-8 text "
+                f"({exc.reason} at offset {exc.start})"
+            ) from None
     try:
         return json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -207,9 +222,9 @@ def tenants_list(
 @cli_errors
 def tenants_set(
     tenant: str,
-    plan: Annotated[str | None, typer.Option(help="Plan name, e.g. free or pro.")] = None,
+    plan: Annotated[str | None, typer.Option(help="Plan: free or pro (quantum ×3).")] = None,
     quantum: Annotated[
-        float | None, typer.Option(min=0.001, max=1e9, help="DRR quantum, cost units.")
+        float | None, typer.Option(help="DRR quantum, cost units, 0.001 to 1e9.")
     ] = None,
     daily_budget: Annotated[
         int | None, typer.Option(min=0, max=2**62, help="Daily input-token budget.")
@@ -218,13 +233,12 @@ def tenants_set(
 ) -> None:
     """Create or update a tenant."""
     from pgqueue.db import queries
-    from pgqueue.errors import InvalidArgument, InvalidTenant
-    from pgqueue.validation import MAX_TENANT_ID_CHARS
+    from pgqueue.validation import check_plan, check_tenant_id
 
-    if not tenant or len(tenant) > MAX_TENANT_ID_CHARS or "\x00" in tenant:
-        raise InvalidTenant(f"tenant id must be 1 to {MAX_TENANT_ID_CHARS} characters")
-    if plan is not None and not _PLAN.match(plan):
-        raise InvalidArgument("plan must be 1 to 32 letters, digits, '_', '.' or '-'")
+    check_tenant_id(tenant)
+    if plan is not None:
+        plan = check_plan(plan)
+    finite_in_range("--quantum", quantum, 0.001, 1e9)
     with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
         row = queries.run(
             conn,
@@ -266,9 +280,9 @@ def limits_list(dsn: DsnOption = None) -> None:
 @cli_errors
 def limits_set(
     model: str,
-    rpm: Annotated[float, typer.Option(min=1, max=1e9, help="Requests per minute.")] = 50,
-    itpm: Annotated[float, typer.Option(min=1, max=1e12, help="Input tokens per minute.")] = 40_000,
-    otpm: Annotated[float, typer.Option(min=1, max=1e12, help="Output tokens per minute.")] = 8_000,
+    rpm: Annotated[float, typer.Option(help="Requests per minute, 1 to 1e9.")] = 50,
+    itpm: Annotated[float, typer.Option(help="Input tokens per minute, 1 to 1e12.")] = 40_000,
+    otpm: Annotated[float, typer.Option(help="Output tokens per minute, 1 to 1e12.")] = 8_000,
     dsn: DsnOption = None,
 ) -> None:
     """Set a model's limits (the provider's answer headers correct them later)."""
@@ -277,6 +291,9 @@ def limits_set(
 
     if not model or len(model) > 256 or "\x00" in model:
         raise InvalidArgument("model must be 1 to 256 characters")
+    finite_in_range("--rpm", rpm, 1, 1e9)
+    finite_in_range("--itpm", itpm, 1, 1e12)
+    finite_in_range("--otpm", otpm, 1, 1e12)
     with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
         row = queries.run(
             conn, "ratelimit_set", {"model": model, "rpm": rpm, "itpm": itpm, "otpm": otpm}
@@ -316,6 +333,27 @@ def retry(
             conn, tenant_id=tenant, tier=tier, reason=reason, since=since_utc, until=until_utc
         )
     console.print(f"re-queued {len(ids)} failed job(s)")
+
+
+@app.command()
+@cli_errors
+def cancel(
+    job_id: Annotated[int, typer.Argument(help="The job's id (what enqueue printed).")],
+    tenant: Annotated[str | None, typer.Option(help="Only if the job is this tenant's.")] = None,
+    reason: Annotated[
+        str | None, typer.Option(help="Stored in last_error as 'cancelled: <reason>'.")
+    ] = None,
+    dsn: DsnOption = None,
+) -> None:
+    """Cancel a queued or running job (a running job's handler stops at its next heartbeat)."""
+    import pgqueue
+
+    with psycopg.connect(_dsn(_settings(), dsn)) as conn:
+        state = pgqueue.cancel(conn, job_id, tenant_id=tenant, reason=reason)
+    if state == "cancelled":
+        console.print(f"job {job_id} cancelled")
+    else:
+        console.print(f"job {job_id} had already {state}; left as it is")
 
 
 @app.command()

@@ -119,3 +119,14 @@ def test_prune_deletes_only_old_finished_jobs(db_dsn):
         assert prune_finished(conn, older_than_seconds=0) == 1  # the failed one
         with pytest.raises(pgqueue.InvalidArgument):
             prune_finished(conn, older_than_seconds=-1)
+
+
+def test_the_known_plans_are_the_ones_sql_prices(conn) -> None:
+    """`tenants set --plan` accepts drr.KNOWN_PLANS; pgqueue.plan_quantum (revision 0002)
+    prices plans by name too. The two lists must agree, or a plan the CLI accepts would
+    silently mean x1 (found by a tester: any name was accepted)."""
+    from pgqueue.scheduling.drr import KNOWN_PLANS, PLAN_QUANTUM_MULTIPLIERS
+
+    for plan in KNOWN_PLANS:
+        row = conn.execute("SELECT pgqueue.plan_quantum(%s, NULL, 10.0)", (plan,)).fetchone()
+        assert row[0] == 10.0 * PLAN_QUANTUM_MULTIPLIERS.get(plan, 1.0), plan

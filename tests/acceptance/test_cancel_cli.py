@@ -1,0 +1,52 @@
+"""`pgqueue cancel`: cancels a job, says what it found, and refuses unknown jobs in one line."""
+
+from __future__ import annotations
+
+import psycopg
+from typer.testing import CliRunner
+
+import pgqueue
+from pgqueue.cli import app
+
+runner = CliRunner()
+PAYLOAD = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def run(*args: str):
+    result = runner.invoke(app, list(args))
+    assert "Traceback" not in (result.stdout + result.stderr)
+    return result
+
+
+def test_cancel_from_the_command_line(db_dsn: str) -> None:
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        job_id = pgqueue.enqueue(conn, tenant_id="acme", origin="batch_job", payload=PAYLOAD)
+    result = run("cancel", str(job_id), "--reason", "duplicate", "--dsn", db_dsn)
+    assert result.exit_code == 0, result.stderr
+    assert f"job {job_id} cancelled" in result.stdout
+
+    result = run("cancel", str(job_id), "--tenant", "globex", "--dsn", db_dsn)
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"UnknownJob: no job {job_id} of tenant 'globex'"
+
+    result = run("cancel", "0", "--dsn", db_dsn)
+    assert result.exit_code == 2
+    assert result.stderr.startswith("InvalidArgument: job_id must be an integer")
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT state::text, last_error FROM pgqueue.jobs WHERE id = %s", (job_id,)
+        ).fetchone()
+    assert row == ("cancelled", "cancelled: duplicate")
+
+
+def test_a_finished_job_is_reported_not_changed(db_dsn: str) -> None:
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        job_id = pgqueue.enqueue(conn, tenant_id="acme", origin="batch_job", payload=PAYLOAD)
+        conn.execute(
+            "UPDATE pgqueue.jobs SET state = 'failed', finished_at = now() WHERE id = %s",
+            (job_id,),
+        )
+    result = run("cancel", str(job_id), "--dsn", db_dsn)
+    assert result.exit_code == 0
+    assert f"job {job_id} had already failed; left as it is" in result.stdout
