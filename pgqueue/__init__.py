@@ -10,7 +10,7 @@ backpressure, all in Postgres. Enqueue joins the caller's transaction::
 
 from pgqueue.admission import admission_status, set_admission, set_tenant_max_queued
 from pgqueue.batch import JobSpec
-from pgqueue.cancel import cancel
+from pgqueue.cancel import cancel, cancel_queued
 from pgqueue.enqueue import enqueue, enqueue_many
 from pgqueue.errors import (
     AdmissionError,
@@ -58,6 +58,7 @@ __all__ = [
     "UsageError",
     "admission_status",
     "cancel",
+    "cancel_queued",
     "enqueue",
     "enqueue_many",
     "set_admission",

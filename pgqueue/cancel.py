@@ -1,4 +1,5 @@
-"""Cancelling a job: :func:`cancel`, the Python face of the SQL function ``pgqueue.cancel``.
+"""Cancelling jobs: :func:`cancel` (one job) and :func:`cancel_queued` (a tenant's backlog),
+the Python faces of the SQL functions ``pgqueue.cancel`` and ``pgqueue.cancel_queued``.
 
 Like :func:`pgqueue.enqueue`, it takes a psycopg ``Connection`` or ``AsyncConnection`` or a
 SQLAlchemy ``Session`` or ``AsyncSession`` (psycopg driver) and runs in the caller's
@@ -22,7 +23,8 @@ from pgqueue.enqueue import (
     _translate,
 )
 from pgqueue.errors import InvalidArgument, InvalidTenant
-from pgqueue.validation import MAX_TENANT_ID_CHARS, _check_text
+from pgqueue.models import Tier
+from pgqueue.validation import MAX_TENANT_ID_CHARS, _check_text, _shown
 
 #: Longest cancellation reason, in characters (as ``pgqueue.cancel`` checks).
 MAX_REASON_CHARS = 1000
@@ -100,3 +102,73 @@ async def _cancel_async(conn: AsyncTarget, params: dict[str, Any]) -> str:
     except psycopg.Error as exc:
         raise _translate(exc) from exc
     return str(row["state"])
+
+
+@overload
+def cancel_queued(
+    conn: AsyncTarget,
+    tenant_id: str,
+    *,
+    tier: Tier | str | None = None,
+    reason: str | None = None,
+) -> Awaitable[int]: ...
+@overload
+def cancel_queued(
+    conn: SyncTarget,
+    tenant_id: str,
+    *,
+    tier: Tier | str | None = None,
+    reason: str | None = None,
+) -> int: ...
+def cancel_queued(
+    conn: SyncTarget | AsyncTarget,
+    tenant_id: str,
+    *,
+    tier: Tier | str | None = None,
+    reason: str | None = None,
+) -> int | Awaitable[int]:
+    """Cancel every queued job of ``tenant_id`` (of one ``tier``, when given), in the caller's
+    transaction; return how many. Running jobs are left to finish (:func:`cancel` them one by
+    one). A job a claim holds at that moment is waited for and, once claimed, left alone.
+
+    Args:
+        conn: as for :func:`pgqueue.enqueue`; an async one makes this return an awaitable.
+        tenant_id: 1 to 128 characters. A session that sets ``pgqueue.tenant_id`` may only
+            name that tenant.
+        tier: ``critical`` | ``standard`` | ``batch``, or None for all three.
+        reason: as for :func:`cancel`.
+
+    Raises:
+        InvalidTenant, InvalidArgument, NulCharacter: bad arguments (an unknown tier too),
+            before any statement.
+        psycopg.errors.InsufficientPrivilege: another tenant than the session's scope (the
+            caller's transaction is aborted).
+        SchemaOutOfDate: the database predates revision 0024 (run ``pgqueue migrate``).
+    """
+    checked = _check_text(tenant_id, "tenant_id", MAX_TENANT_ID_CHARS, InvalidTenant)
+    tier_value: str | None = None
+    if tier is not None:
+        try:
+            tier_value = Tier(tier).value
+        except ValueError:
+            raise InvalidArgument(f"unknown tier {_shown(tier)}") from None
+    if reason is not None:
+        reason = _check_text(reason, "reason", MAX_REASON_CHARS, InvalidArgument)
+    params = {"tenant_id": checked, "tier": tier_value, "reason": reason}
+    if _is_async(conn):
+        return _cancel_queued_async(conn, params)  # type: ignore[arg-type]
+    sync = _sync_conn(conn)  # type: ignore[arg-type]
+    try:
+        row = queries.run(sync, "job_cancel_queued", params)
+    except psycopg.Error as exc:
+        raise _translate(exc) from exc
+    return int(row["cancelled"])
+
+
+async def _cancel_queued_async(conn: AsyncTarget, params: dict[str, Any]) -> int:
+    aconn = await _async_conn(conn)
+    try:
+        row = await queries.arun(aconn, "job_cancel_queued", params)
+    except psycopg.Error as exc:
+        raise _translate(exc) from exc
+    return int(row["cancelled"])

@@ -338,17 +338,46 @@ def retry(
 @app.command()
 @cli_errors
 def cancel(
-    job_id: Annotated[int, typer.Argument(help="The job's id (what enqueue printed).")],
-    tenant: Annotated[str | None, typer.Option(help="Only if the job is this tenant's.")] = None,
+    job_id: Annotated[
+        int | None, typer.Argument(help="The job's id (what enqueue printed).")
+    ] = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option(help="Only if the job is this tenant's; with --all-queued, whose jobs."),
+    ] = None,
+    all_queued: Annotated[
+        bool,
+        typer.Option("--all-queued", help="Every queued job of --tenant (running ones finish)."),
+    ] = False,
+    tier: Annotated[
+        str | None, typer.Option(help="With --all-queued: only this tier's jobs.")
+    ] = None,
     reason: Annotated[
         str | None, typer.Option(help="Stored in last_error as 'cancelled: <reason>'.")
     ] = None,
     dsn: DsnOption = None,
 ) -> None:
-    """Cancel a queued or running job (a running job's handler stops at its next heartbeat)."""
+    """Cancel a queued or running job (a running job's handler stops at its next heartbeat),
+    or with --all-queued every queued job of a tenant."""
     import pgqueue
+    from pgqueue.errors import InvalidArgument
 
+    if all_queued:
+        if job_id is not None or tenant is None:
+            raise InvalidArgument("--all-queued takes --tenant and no job id")
+    elif job_id is None:
+        raise InvalidArgument("give a job id, or --all-queued --tenant T")
+    elif tier is not None:
+        raise InvalidArgument("--tier goes with --all-queued")
     with psycopg.connect(_dsn(_settings(), dsn)) as conn:
+        if all_queued:
+            assert tenant is not None
+            n = pgqueue.cancel_queued(conn, tenant, tier=tier, reason=reason)
+            console.print(
+                f"cancelled {n} queued job(s) of tenant {tenant!r}", markup=False, highlight=False
+            )
+            return
+        assert job_id is not None
         state = pgqueue.cancel(conn, job_id, tenant_id=tenant, reason=reason)
     if state == "cancelled":
         console.print(f"job {job_id} cancelled")

@@ -50,3 +50,20 @@ def test_a_finished_job_is_reported_not_changed(db_dsn: str) -> None:
     result = run("cancel", str(job_id), "--dsn", db_dsn)
     assert result.exit_code == 0
     assert f"job {job_id} had already failed; left as it is" in result.stdout
+
+
+def test_cancel_a_tenants_backlog_from_the_command_line(db_dsn: str) -> None:
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        pgqueue.enqueue_many(conn, [pgqueue.JobSpec("[acme]", "batch_job", PAYLOAD)] * 3)
+        kept = pgqueue.enqueue(conn, tenant_id="other", origin="batch_job", payload=PAYLOAD)
+    result = run("cancel", "--all-queued", "--tenant", "[acme]", "--tier", "batch", "--dsn", db_dsn)
+    assert result.exit_code == 0, result.stderr
+    assert "cancelled 3 queued job(s) of tenant '[acme]'" in result.stdout
+    for args in (["cancel", "--all-queued"], ["cancel"], ["cancel", "5", "--tier", "batch"]):
+        result = run(*args, "--dsn", db_dsn)
+        assert result.exit_code == 2
+        assert result.stderr.startswith("InvalidArgument: ")
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        states = conn.execute("SELECT tenant_id, state::text FROM pgqueue.jobs").fetchall()
+    assert sorted(states) == [("[acme]", "cancelled")] * 3 + [("other", "queued")]
+    assert kept is not None

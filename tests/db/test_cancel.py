@@ -157,3 +157,43 @@ async def test_cancel_on_an_async_connection(db_dsn: str) -> None:
         assert await pgqueue.cancel(aconn, job_id) == "cancelled"
         with pytest.raises(UnknownJob):
             await pgqueue.cancel(aconn, job_id + 1000)
+
+
+def test_a_tenants_queued_backlog_is_cancelled_and_running_jobs_left(auto: Conn) -> None:
+    running = _enqueue(auto, "acme")
+    (claimed,) = queries.run(auto, "job_claim", {**CLAIM, "limit": 1})
+    assert claimed["id"] == running
+    acme = [_enqueue(auto, "acme") for _ in range(3)]
+    urgent = pgqueue.enqueue(auto, tenant_id="acme", origin="user_action", payload=PAYLOAD)
+    other = _enqueue(auto, "globex")
+    # one tier only
+    assert pgqueue.cancel_queued(auto, "acme", tier="critical", reason="purge") == 1
+    assert _row(auto, urgent)["state"] == "cancelled"
+    # then the rest of the tenant's queue; its running job and other tenants are untouched
+    assert pgqueue.cancel_queued(auto, "acme") == 3
+    assert [_row(auto, j)["state"] for j in acme] == ["cancelled"] * 3
+    assert _row(auto, acme[0])["last_error"] == "cancelled"
+    assert _row(auto, urgent)["last_error"] == "cancelled: purge"
+    assert _row(auto, running)["state"] == "running"
+    assert _row(auto, other)["state"] == "queued"
+    assert _queued_counts(auto) == {None: 1, "acme": 0, "globex": 1}
+    assert [r["id"] for r in queries.run(auto, "job_claim", CLAIM)] == [other]
+    assert pgqueue.cancel_queued(auto, "nobody") == 0
+
+
+def test_cancel_queued_checks_its_arguments_and_the_sessions_scope(conn: Conn) -> None:
+    job_id = _enqueue(conn, "acme")
+    conn.commit()
+    for kwargs, error in (
+        ({"tenant_id": ""}, InvalidTenant),
+        ({"tenant_id": "acme", "tier": "urgent"}, InvalidArgument),
+        ({"tenant_id": "acme", "reason": ""}, InvalidArgument),
+        ({"tenant_id": "acme", "reason": "a\x00"}, NulCharacter),
+    ):
+        with pytest.raises(error):
+            pgqueue.cancel_queued(conn, **kwargs)
+    conn.execute("SET pgqueue.tenant_id = 'globex'")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        pgqueue.cancel_queued(conn, "acme")
+    conn.rollback()
+    assert _row(conn, job_id)["state"] == "queued"

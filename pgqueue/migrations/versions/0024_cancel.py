@@ -1,11 +1,13 @@
-"""Cancelling a job: ``pgqueue.cancel(job_id, tenant_id, reason)``.
+"""Cancelling jobs: ``pgqueue.cancel(job_id, tenant_id, reason)`` for one job, and
+``pgqueue.cancel_queued(tenant_id, tier, reason)`` for a tenant's whole backlog.
 
 A queued job is cancelled at once and never claimed. A running job is cancelled too: its lease
 is withdrawn, so the worker's outcome write is fenced off, and the worker stops the handler at
-its next heartbeat. A finished job is left as it is, and its state is returned. Producers
-reach it like ``enqueue`` (``pgqueue grant`` makes it SECURITY DEFINER, scoped to the
-session's ``pgqueue.tenant_id``). Before this revision, the only way to cancel was an
-``UPDATE`` of ``pgqueue.jobs`` by hand.
+its next heartbeat. A finished job is left as it is, and its state is returned.
+``cancel_queued`` cancels every queued job of a tenant (of one tier, if given) and leaves
+running ones alone. Producers reach both like ``enqueue`` (``pgqueue grant`` makes them
+SECURITY DEFINER, scoped to the session's ``pgqueue.tenant_id``). Before this revision, the
+only way to cancel was an ``UPDATE`` of ``pgqueue.jobs`` by hand.
 
 Revision ID: 0024
 Revises: 0023
@@ -30,4 +32,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.execute("DROP FUNCTION pgqueue.cancel_queued(text, pgqueue.tier, text)")
     op.execute("DROP FUNCTION pgqueue.cancel(bigint, text, text)")

@@ -49,3 +49,43 @@ BEGIN
     RETURN 'cancelled';
 END
 $$;
+
+CREATE FUNCTION pgqueue.cancel_queued(tenant_id text, tier pgqueue.tier DEFAULT NULL,
+                                      reason text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+-- Cancel every queued job of a tenant (of one tier, when given), e.g. a runaway tenant's
+-- backlog; returns how many. Running jobs are left to finish (cancel them one by one with
+-- pgqueue.cancel). A job a claim holds at that moment is waited for and, claimed, skipped.
+-- A session that sets pgqueue.tenant_id may only name that tenant (42501 otherwise).
+-- Raises PQ006 for a tenant id that is empty or longer than 128 characters, PQ009 for a
+-- reason that is empty or longer than 1,000 characters.
+DECLARE
+    scope text := nullif(current_setting('pgqueue.tenant_id', true), '');
+    n bigint;
+BEGIN
+    IF cancel_queued.tenant_id IS NULL OR cancel_queued.tenant_id = ''
+       OR char_length(cancel_queued.tenant_id) > 128 THEN
+        RAISE EXCEPTION 'tenant_id must be 1 to 128 characters' USING ERRCODE = 'PQ006';
+    END IF;
+    IF cancel_queued.reason IS NOT NULL
+       AND (cancel_queued.reason = '' OR char_length(cancel_queued.reason) > 1000) THEN
+        RAISE EXCEPTION 'reason must be 1 to 1000 characters' USING ERRCODE = 'PQ009';
+    END IF;
+    IF scope IS NOT NULL AND scope <> cancel_queued.tenant_id THEN
+        RAISE EXCEPTION 'this session may only cancel jobs of tenant %', quote_literal(scope)
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    UPDATE pgqueue.jobs j
+    SET state = 'cancelled',
+        finished_at = now(),
+        last_error = 'cancelled' || coalesce(': ' || cancel_queued.reason, '')
+    WHERE j.tenant_id = cancel_queued.tenant_id
+      AND j.state = 'queued'
+      AND (cancel_queued.tier IS NULL OR j.priority = cancel_queued.tier);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;

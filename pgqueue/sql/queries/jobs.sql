@@ -212,6 +212,11 @@ SELECT count(*) AS deleted FROM gone
 -- 'cancelled', or the state it had already finished in. PQ011 when there is no such job.
 SELECT pgqueue.cancel(%(job_id)s, %(tenant_id)s, %(reason)s) AS state
 
+-- name: job_cancel_queued :one
+-- Cancel every queued job of a tenant (of one tier, when given): how many (pgqueue.cancel_queued,
+-- revision 0024). Running jobs are left alone.
+SELECT pgqueue.cancel_queued(%(tenant_id)s, %(tier)s::pgqueue.tier, %(reason)s) AS cancelled
+
 -- name: job_cancelled_among :many
 -- Of these ids (jobs whose lease a worker's heartbeat no longer found), the ones cancelled:
 -- their handlers stop. One probe of jobs_pkey per id.

@@ -23,13 +23,14 @@ BEGIN
     REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgqueue FROM PUBLIC;
     GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA pgqueue TO pgqueue_worker, pgqueue_admin;
 
-    -- Producers write only through (try_)enqueue(_many) and cancel, which run as their owner
-    -- (SECURITY DEFINER with a fixed search_path) and check the session's tenant scope.
+    -- Producers write only through (try_)enqueue(_many) and cancel(_queued), which run as
+    -- their owner (SECURITY DEFINER with a fixed search_path) and check the session's tenant
+    -- scope.
     FOR f IN
         SELECT p.oid::regprocedure FROM pg_proc p
         WHERE p.pronamespace = 'pgqueue'::regnamespace
           AND p.proname IN ('enqueue', 'enqueue_many', 'try_enqueue', 'try_enqueue_many',
-                            'try_enqueue_batch', 'cancel')
+                            'try_enqueue_batch', 'cancel', 'cancel_queued')
     LOOP
         EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, pgqueue, pg_temp', f);
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO pgqueue_producer', f);
