@@ -124,9 +124,21 @@ class Completer:
     #: At most this many successes per statement.
     MAX_BATCH = 500
 
-    def __init__(self, pool: AsyncConnectionPool[Any], settings: Settings) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool[Any], settings: Settings, write_slots: int | None = None
+    ) -> None:
         self._pool = pool
         self._settings = settings
+        # Outcome writes of their own (failures, retries, throttles, successes the limiter
+        # learns from) hold at most this many pooled connections at once, so that the producer
+        # and the heartbeat always find one. Writes waiting on rows another transaction holds
+        # (a user's cancel or UPDATE in an open transaction) used to take every connection: the
+        # heartbeat then could not extend any lease, and the jobs would run twice once their
+        # leases expired (found by a tester). Default: the pool's size less three (producer,
+        # heartbeat, the batch flusher), at least one.
+        self._write_slots = asyncio.Semaphore(
+            write_slots if write_slots is not None else max(1, pool.max_size - 3)
+        )
         # How long an outcome write is retried on transient errors: while the job's lease may
         # still hold (the last heartbeat extended it by a lease), at least 30 s. A write that
         # lands after a rescue is fenced off anyway; one given up makes the job run again once
@@ -281,7 +293,7 @@ class Completer:
         result: Any = None
         async for attempt in transient_retry(self._retry_seconds):
             with attempt:
-                async with self._pool.connection() as conn:
+                async with self._write_slots, self._pool.connection() as conn:
                     # A retry after the job's own statement committed runs only the limiter's:
                     # run again, the fenced job statement found nothing and the recorded
                     # outcome was reported as a lost lease (found by a tester).

@@ -1,0 +1,81 @@
+"""Outcome writes that wait on rows another transaction holds (a user's cancel or UPDATE in an
+open transaction) must not take every pooled connection: the heartbeat still needs one, or the
+leases of the worker's other jobs run out and those jobs run twice."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgqueue
+from pgqueue import JobSpec, Registry
+from pgqueue.models import Job
+from pgqueue.settings import Settings
+from pgqueue.worker.runtime import Worker
+
+FAILING = 12  # more than the pool's 10 connections
+
+
+def _lease(dsn: str, job_id: int) -> Any:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT lease_expires_at FROM pgqueue.jobs WHERE id = %s", (job_id,)
+        ).fetchone()
+    assert row is not None
+    return row[0]
+
+
+@pytest.mark.timeout(90)
+async def test_writes_blocked_on_locked_rows_leave_the_heartbeat_a_connection(
+    db_dsn: str,
+) -> None:
+    registry = Registry()
+    release = asyncio.Event()
+    started = 0
+    all_started = asyncio.Event()
+
+    @registry.handler("test.gate")
+    async def gate(job: Job) -> dict[str, Any]:
+        nonlocal started
+        started += 1
+        if started == FAILING + 1:
+            all_started.set()
+        await release.wait()
+        if job.payload.get("fail"):
+            raise RuntimeError("boom")  # a retry: an outcome write of its own
+        await asyncio.Event().wait()  # the held job runs on
+        return {}
+
+    specs = [JobSpec("t", "scheduled", {"fail": True}, kind="test.gate")] * FAILING
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        failing = pgqueue.enqueue_many(conn, specs)
+        [held] = pgqueue.enqueue_many(conn, [JobSpec("t", "scheduled", {}, kind="test.gate")])
+    assert held is not None
+    settings = Settings(heartbeat_seconds=0.3, poll_interval_seconds=0.3)
+    worker = Worker(db_dsn, settings, registry, concurrency=FAILING + 1)
+    run = asyncio.create_task(worker.run(install_signal_handlers=False))
+    locker = await psycopg.AsyncConnection.connect(db_dsn)
+    try:
+        await asyncio.wait_for(all_started.wait(), 30)
+        await locker.execute("SET statement_timeout = '60s'")
+        await locker.execute(
+            "SELECT id FROM pgqueue.jobs WHERE id = ANY(%s) FOR UPDATE", (failing,)
+        )
+        before = await asyncio.to_thread(_lease, db_dsn, held)
+        release.set()  # the failing jobs' writes now wait on the locked rows
+        await asyncio.sleep(2.5)  # several heartbeats
+        after = await asyncio.to_thread(_lease, db_dsn, held)
+        assert after > before, "the heartbeat found no pooled connection"
+    finally:
+        await locker.rollback()
+        await locker.close()
+        worker.request_stop(hard=True)
+        await asyncio.wait_for(run, 60)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        states = conn.execute(
+            "SELECT state::text, count(*) FROM pgqueue.jobs GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+    assert states == [("queued", FAILING + 1)]  # retried, and the held one interrupted
