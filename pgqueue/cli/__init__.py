@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import re
 from collections.abc import Callable
 from typing import Annotated, Any, ParamSpec, TypeVar
 
@@ -47,6 +48,9 @@ DsnOption = Annotated[
     typer.Option("--dsn", help="Postgres DSN; default PGQUEUE_DSN, else the embedded server."),
 ]
 _INT32_MAX = 2_147_483_647
+#: The largest number of seconds an option takes (~31.7 years): time.sleep and Event.wait
+#: overflow past ~9.2e9 s, and now() minus more than ~2e11 s leaves Postgres' timestamps.
+_MAX_SECONDS = 1e9
 
 
 def _say(kind: str, message: str) -> None:
@@ -59,19 +63,60 @@ def _bound(value: float) -> str:
     return f"{value:g}".replace("e+0", "e").replace("e+", "e")
 
 
-def finite_in_range(option: str, value: float | None, low: float, high: float) -> None:
+def _range(low: float, high: float, low_open: bool, high_open: bool) -> str:
+    if not (low_open or high_open or math.isinf(high)):
+        return f"between {_bound(low)} and {_bound(high)}"
+    text = f"{'greater than' if low_open else 'at least'} {_bound(low)}"
+    if math.isinf(high):
+        return text if low_open else f"of {text}"
+    return f"{text} and {'less than' if high_open else 'at most'} {_bound(high)}"
+
+
+def finite_in_range(
+    option: str,
+    value: float | None,
+    low: float,
+    high: float = math.inf,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> None:
     """Check a float option here, not with typer's ``min``/``max``: NaN passes no comparison,
     so typer refused ``nan`` with the message for a too-large value (and ``-inf`` with the one
-    for a too-small value). ``None`` (not given) passes.
+    for a too-small value), and with no ``max`` it took ``inf``. ``None`` (not given) passes.
+    ``high`` left at infinity: no upper bound, but the number must still be finite;
+    ``low_open`` / ``high_open``: the bound itself is refused (``--poll-interval`` > 0).
 
     Raises:
         InvalidArgument: NaN, an infinity, or a number outside ``low`` to ``high``.
     """
-    if value is not None and not (math.isfinite(value) and low <= value <= high):
+    if value is None:
+        return
+    above = low < value if low_open else low <= value
+    below = value < high if high_open else value <= high
+    if not (math.isfinite(value) and above and below):
         raise InvalidArgument(
-            f"{option} must be a finite number between {_bound(low)} and {_bound(high)}, "
+            f"{option} must be a finite number {_range(low, high, low_open, high_open)}, "
             f"got {value!r}"
         )
+
+
+# The server's own words when it answered a connection and refused it: libpq writes its
+# startup error as "FATAL:  <message>" (no such database or role, a failed password, no
+# pg_hba.conf entry, too many clients), or "fe_sendauth: <message>" when the server asked for a
+# password the client does not have.
+_REFUSED_BY_SERVER = re.compile(r"\b(?:FATAL:\s+|fe_sendauth:\s+)(\S.*)")
+
+
+def _connection_failure(exc: psycopg.OperationalError) -> tuple[str, str]:
+    """The label and message of a failed connection: "cannot connect to Postgres" and the
+    server's message when a server answered and refused it, else "cannot reach Postgres"
+    (refused, no such host or socket, a timeout) and libpq's first line."""
+    text = str(exc).strip()
+    refused = _REFUSED_BY_SERVER.search(text)
+    if refused:
+        return "cannot connect to Postgres", refused.group(1).strip()
+    return "cannot reach Postgres", text.splitlines()[0] if text else repr(exc)
 
 
 def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
@@ -99,8 +144,12 @@ def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
             _say(type(exc).__name__, str(exc))
             raise typer.Exit(1) from None
         except psycopg.OperationalError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-            _say("cannot reach Postgres", first)
+            if exc.sqlstate:
+                # The server answered a statement (a lock or statement timeout, a shutdown):
+                # it was reached. A failed connection carries no SQLSTATE.
+                _say("database error", exc.diag.message_primary or str(exc))
+            else:
+                _say(*_connection_failure(exc))
             raise typer.Exit(1) from None
         except (
             psycopg.errors.UndefinedTable,
@@ -120,11 +169,13 @@ def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except psycopg.errors.NumericValueOutOfRange as exc:
             _say("InvalidArgument", exc.diag.message_primary or str(exc))
             raise typer.Exit(2) from None
-        except psycopg.errors.InvalidCatalogName as exc:
+        except (psycopg.errors.InvalidCatalogName, psycopg.errors.InsufficientPrivilege) as exc:
             # 3D000 from a statement (CREATE DATABASE ... TEMPLATE, a database dropped under
-            # `pgqueue simulate` or `demo`): psycopg files it under ProgrammingError, which read
-            # "invalid DSN or query", exit 2. A missing database is the environment: exit 1, as
-            # for one missing at connect (an OperationalError: "cannot reach Postgres").
+            # `pgqueue simulate` or `demo`) and 42501 (a role without CREATEDB running
+            # `simulate`, without a grant or outside its row-level security): psycopg files
+            # them under ProgrammingError, which read "invalid DSN or query", exit 2. A missing
+            # database or a missing privilege is the environment: exit 1, as for a database
+            # missing at connect (an OperationalError: "cannot connect to Postgres").
             _say("database error", exc.diag.message_primary or str(exc))
             raise typer.Exit(1) from None
         except psycopg.ProgrammingError as exc:

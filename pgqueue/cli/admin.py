@@ -16,6 +16,7 @@ from rich.table import Table
 
 from pgqueue.cli import (
     _INT32_MAX,
+    _MAX_SECONDS,
     DsnOption,
     _dsn,
     _settings,
@@ -155,10 +156,11 @@ def status(
     dsn: DsnOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     window: Annotated[
-        float, typer.Option(min=1.0, help="Latency and fairness window, seconds.")
+        float, typer.Option(help="Latency and fairness window, seconds, 1 to 1e9.")
     ] = 300.0,
     watch: Annotated[
-        float | None, typer.Option(min=0.5, help="Refresh every N seconds until Ctrl-C.")
+        float | None,
+        typer.Option(help="Refresh every N seconds (0.5 to 1e9) until Ctrl-C."),
     ] = None,
 ) -> None:
     """Depth per tier, p50/p99 against the SLOs, Jain's index, demotions, top tenants, 429s."""
@@ -168,6 +170,8 @@ def status(
 
     from pgqueue.observability.report import collect_status, render_status
 
+    finite_in_range("--window", window, 1.0, _MAX_SECONDS)
+    finite_in_range("--watch", watch, 0.5, _MAX_SECONDS)
     target = _dsn(_settings(), dsn)
 
     def snapshot() -> dict[str, Any]:
@@ -389,13 +393,15 @@ def cancel(
 @cli_errors
 def prune(
     older_than: Annotated[
-        float, typer.Option(min=0.0, help="Delete jobs finished more than this many seconds ago.")
+        float,
+        typer.Option(help="Delete jobs finished more than this many seconds ago, 0 to 1e9."),
     ] = 7 * 86_400.0,
     dsn: DsnOption = None,
 ) -> None:
     """Retention: delete finished jobs (queued and running jobs are never touched)."""
     from pgqueue.admin import prune_finished
 
+    finite_in_range("--older-than", older_than, 0.0, _MAX_SECONDS)
     with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
         deleted = prune_finished(conn, older_than_seconds=older_than)
     console.print(f"deleted {deleted} finished job(s)")

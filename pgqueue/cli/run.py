@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pgqueue.cli import (
+    _MAX_SECONDS,
     DsnOption,
     _dsn,
     _settings,
@@ -21,8 +22,13 @@ from pgqueue.cli import (
     cli_errors,
     console,
     err_console,
+    finite_in_range,
 )
 from pgqueue.worker.shutdown import work_until_stopped
+
+#: `replay --against-sandbox --rate-scale` at most: 50 RPM x 2e7 is 1e9, the most
+#: `pgqueue limits set --rpm` takes.
+_MAX_RATE_SCALE = 2e7
 
 
 @app.command()
@@ -35,7 +41,8 @@ def work(
         str | None, typer.Option("--app", help="module:attribute of a pgqueue.Registry.")
     ] = None,
     poll_interval: Annotated[
-        float | None, typer.Option(help="Seconds between polls (NOTIFY wakes sooner).")
+        float | None,
+        typer.Option(help="Seconds between polls, above 0, at most 1e9 (NOTIFY wakes sooner)."),
     ] = None,
     listen: Annotated[
         bool, typer.Option(help="Use LISTEN/NOTIFY; --no-listen polls only (PgBouncer).")
@@ -57,6 +64,7 @@ def work(
     from pgqueue.handlers.registry import Registry, load_app
     from pgqueue.worker.runtime import Worker
 
+    finite_in_range("--poll-interval", poll_interval, 0.0, _MAX_SECONDS, low_open=True)
     settings = _settings(poll_interval_seconds=poll_interval, claim_batch_max=claim_batch)
     target = _dsn(settings, dsn)
     registry = load_app(app_spec) if app_spec else Registry()
@@ -78,7 +86,7 @@ def metrics(
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port of /metrics.")] = 9464,
     host: str = "0.0.0.0",
     refresh_seconds: Annotated[
-        float, typer.Option(min=0.0, help="Read the database at most this often.")
+        float, typer.Option(help="Read the database at most this often, seconds, 0 to 1e9.")
     ] = 30.0,
     top_tenants: Annotated[
         int, typer.Option(min=1, help="Per-tenant labels kept; the rest is 'other'.")
@@ -93,6 +101,7 @@ def metrics(
 
     from pgqueue.observability.metrics import database_registry
 
+    finite_in_range("--refresh-seconds", refresh_seconds, 0.0, _MAX_SECONDS)
     registry = database_registry(
         _dsn(_settings(), dsn), refresh_seconds=refresh_seconds, top_tenants=top_tenants
     )
@@ -114,10 +123,10 @@ def sandbox(
     itpm: Annotated[int, typer.Option(min=1, help="Input tokens per minute.")] = 40_000,
     otpm: Annotated[int, typer.Option(min=1, help="Output tokens per minute.")] = 8_000,
     overload_rate: Annotated[
-        float, typer.Option(min=0.0, max=1.0, help="Share of requests answered 529.")
+        float, typer.Option(help="Share of requests answered 529, 0 to 1.")
     ] = 0.0,
     seconds_per_output_token: Annotated[
-        float, typer.Option(min=0.0, help="Simulated generation time.")
+        float, typer.Option(help="Simulated generation time per output token, 0 to 1e9.")
     ] = 0.0,
     fail_first_n: Annotated[
         int, typer.Option(min=0, help="Answer the first N requests with --fail-status.")
@@ -132,6 +141,8 @@ def sandbox(
     from pgqueue.errors import InvalidArgument
     from pgqueue.sandbox import SandboxConfig, serve
 
+    finite_in_range("--overload-rate", overload_rate, 0.0, 1.0)
+    finite_in_range("--seconds-per-output-token", seconds_per_output_token, 0.0, _MAX_SECONDS)
     try:
         config = SandboxConfig(
             requests_per_minute=rpm,
@@ -159,7 +170,9 @@ def replay(
         Path | None, typer.Argument(help="CSV trace; default: the bundled Azure trace.")
     ] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Replay the first N requests.")] = 1000,
-    speedup: Annotated[float, typer.Option(min=0.01, help="Replay this many times faster.")] = 1.0,
+    speedup: Annotated[
+        float, typer.Option(help="Replay this many times faster, at least 0.01.")
+    ] = 1.0,
     tenants: Annotated[int, typer.Option(min=1, help="Tenants (t00 is the runaway).")] = 8,
     seed: int = 0,
     against_sandbox: Annotated[
@@ -171,7 +184,7 @@ def replay(
     ] = False,
     rate_scale: Annotated[
         float,
-        typer.Option(min=0.01, help="With --against-sandbox: limits × 50 RPM/40k ITPM/8k OTPM."),
+        typer.Option(help="With --against-sandbox: limits × 50 RPM/40k ITPM/8k OTPM, 0.01 to 2e7."),
     ] = 1.0,
     concurrency: Annotated[int, typer.Option(min=1, help="With --against-sandbox.")] = 16,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
@@ -182,6 +195,8 @@ def replay(
     from pgqueue.replay import replay_plan
     from pgqueue.trace import load_trace, plan_replay, summarize_plan
 
+    finite_in_range("--speedup", speedup, 0.01)
+    finite_in_range("--rate-scale", rate_scale, 0.01, _MAX_RATE_SCALE)
     settings = _settings()
     target = _dsn(settings, dsn)
     if against_sandbox:
@@ -229,7 +244,7 @@ def replay(
 @cli_errors
 def demo(
     requests: Annotated[int, typer.Option(min=1, help="Requests from the trace.")] = 400,
-    speedup: Annotated[float, typer.Option(min=0.01, help="Replay speed-up.")] = 10.0,
+    speedup: Annotated[float, typer.Option(help="Replay speed-up, at least 0.01.")] = 10.0,
     concurrency: Annotated[int, typer.Option(min=1)] = 16,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     dsn: DsnOption = None,
@@ -242,6 +257,7 @@ def demo(
     from pgqueue.demo import DemoOptions, run_demo
     from pgqueue.observability.report import render_run_report
 
+    finite_in_range("--speedup", speedup, 0.01)
     settings = _settings()
     target = _dsn(settings, dsn)
     if not as_json:
@@ -348,7 +364,8 @@ def _ms(value: float | None) -> str:
 @cli_errors
 def simulate(
     duration: Annotated[
-        float, typer.Option(min=1.0, help="Total measured seconds, split over the scenarios.")
+        float,
+        typer.Option(help="Total measured seconds, split over the scenarios, 1 to 1e9."),
     ] = 20.0,
     strategies: Annotated[
         str, typer.Option(help="Comma list of fifo, weighted, probabilistic, strict.")
@@ -356,8 +373,10 @@ def simulate(
     policies: Annotated[
         str, typer.Option(help="Normal-job policies: comma list of drop, block, reject.")
     ] = "drop,block,reject",
-    urgent_share: Annotated[float, typer.Option(help="Share of urgent jobs.")] = 0.1,
-    rate: Annotated[float, typer.Option(min=1.0, help="Jobs offered per second.")] = 150.0,
+    urgent_share: Annotated[
+        float, typer.Option(help="Share of urgent jobs, above 0 and below 1.")
+    ] = 0.1,
+    rate: Annotated[float, typer.Option(help="Jobs offered per second, at least 1.")] = 150.0,
     workers: Annotated[int, typer.Option(min=1, help="Jobs in flight (worker slots).")] = 24,
     normal_cap: Annotated[
         int, typer.Option(min=0, help="Cap of queued normal jobs (the shared queue's, in fifo).")
@@ -378,6 +397,9 @@ def simulate(
     from pgqueue.simulate import SimulateOptions, report, run_simulation
     from pgqueue.simulate import plot as draw
 
+    finite_in_range("--duration", duration, 1.0, _MAX_SECONDS)
+    finite_in_range("--urgent-share", urgent_share, 0.0, 1.0, low_open=True, high_open=True)
+    finite_in_range("--rate", rate, 1.0)
     options = SimulateOptions(
         duration_seconds=duration,
         strategies=tuple(s.strip() for s in strategies.split(",") if s.strip()),

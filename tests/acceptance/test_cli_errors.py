@@ -350,3 +350,198 @@ def test_a_missing_database_is_the_environment(server_dsn, monkeypatch):
     )
     assert result.exit_code == 1, result.stderr
     assert _lines(result) == [f'database error: template database "{dropped[0]}" does not exist']
+
+
+# Found by a tester: the float options of every command took NaN or infinities, or refused
+# them in typer's box with the message for another value.
+
+_UNREACHABLE = "postgresql://nobody@127.0.0.1:1/postgres"
+
+#: Every float option of a command without its own check elsewhere: the command, the option,
+#: its range as the message gives it, and finite values outside it.
+_FLOAT_OPTIONS = [
+    (["status"], "--window", "between 1 and 1e9", ["0.5", "2e9"]),
+    (["status"], "--watch", "between 0.5 and 1e9", ["0.4", "2e9"]),
+    (["prune"], "--older-than", "between 0 and 1e9", ["-1", "2e9"]),
+    (["work"], "--poll-interval", "greater than 0 and at most 1e9", ["0", "-1", "2e9"]),
+    (["metrics"], "--refresh-seconds", "between 0 and 1e9", ["-1", "2e9"]),
+    (["sandbox"], "--overload-rate", "between 0 and 1", ["-0.1", "1.5"]),
+    (["sandbox"], "--seconds-per-output-token", "between 0 and 1e9", ["-1", "2e9"]),
+    (["replay"], "--speedup", "of at least 0.01", ["0"]),
+    (["replay"], "--rate-scale", "between 0.01 and 2e7", ["0", "3e7"]),
+    (["demo"], "--speedup", "of at least 0.01", ["0"]),
+    (["simulate"], "--duration", "between 1 and 1e9", ["0.5", "2e9"]),
+    (["simulate"], "--rate", "of at least 1", ["0.5"]),
+    (["simulate"], "--urgent-share", "greater than 0 and less than 1", ["0", "1"]),
+]
+
+
+def test_every_float_option_refuses_nan_infinities_and_out_of_range_values(monkeypatch):
+    """`status --window inf` read the database (an interval out of range), `simulate
+    --duration inf` set out to run forever ("12 scenarios × inf s"), `work --poll-interval nan`
+    printed pydantic's four-line error and `sandbox --seconds-per-output-token inf` served;
+    typer refused `nan` in its box with the message for a too-small value. Each is now one
+    typed line, exit 2, before any connection (the DSN here reaches nothing)."""
+    import prometheus_client
+
+    import pgqueue.sandbox
+
+    def must_not_serve(*args, **kwargs):
+        raise AssertionError("started serving")
+
+    monkeypatch.setattr(prometheus_client, "start_http_server", must_not_serve)
+    monkeypatch.setattr(pgqueue.sandbox, "serve", must_not_serve)
+    for command, option, bounds, outside in _FLOAT_OPTIONS:
+        dsn = [] if command == ["sandbox"] else ["--dsn", _UNREACHABLE]
+        for value in ["nan", "inf", "-inf", *outside]:
+            result = run(*command, option, value, *dsn)
+            assert result.exit_code == 2, (command, option, value, result.stderr)
+            assert _lines(result) == [
+                f"InvalidArgument: {option} must be a finite number {bounds}, got {float(value)!r}"
+            ], (command, option, value)
+
+
+def test_no_float_option_is_left_to_typer():
+    """Every float option of every command is checked by `finite_in_range` (the list above,
+    or test_non_finite_numbers_are_refused_as_such; `enqueue --sla-seconds` by the library's
+    InvalidSla), and none has typer's min/max, which answers NaN in its box first."""
+    import inspect
+    import typing
+
+    checked = {(command[0], option) for command, option, _, _ in _FLOAT_OPTIONS}
+    checked |= {
+        ("tenants_set", "--quantum"),
+        ("limits_set", "--rpm"),
+        ("limits_set", "--itpm"),
+        ("limits_set", "--otpm"),
+        ("enqueue", "--sla-seconds"),
+    }
+
+    def callbacks(typer_app):
+        for command in typer_app.registered_commands:
+            yield inspect.unwrap(command.callback)
+        for group in typer_app.registered_groups:
+            yield from callbacks(group.typer_instance)
+
+    found = set()
+    for fn in callbacks(app):
+        for name, hint in typing.get_type_hints(fn, include_extras=True).items():
+            if typing.get_origin(hint) is not typing.Annotated:
+                continue
+            base, *meta = typing.get_args(hint)
+            if float not in (base, *typing.get_args(base)):
+                continue
+            option = "--" + name.replace("_", "-")
+            found.add((fn.__name__, option))
+            for info in meta:
+                assert (info.min, info.max) == (None, None), (fn.__name__, option)
+    assert found == checked
+
+
+def test_float_options_take_their_bounds(db_dsn):
+    for command in (
+        ["status", "--json", "--window", "1"],
+        ["status", "--json", "--window", "1e9"],
+        ["prune", "--older-than", "0"],
+        ["prune", "--older-than", "1e9"],
+        ["work", "--burst", "--poll-interval", "1e-6"],
+    ):
+        result = run(*command, "--dsn", db_dsn)
+        assert result.exit_code == 0, (command, result.stderr)
+
+
+def test_a_server_that_refuses_the_connection_was_reached(server_dsn, capsys):
+    """A database or role that does not exist read "cannot reach Postgres: connection failed:
+    connection to server at ... failed: FATAL:  database "x" does not exist": the server was
+    reached, and answered. Still exit 1; an unreachable server keeps its words
+    (test_unreachable_database)."""
+    import uuid
+
+    import typer
+    from psycopg.conninfo import make_conninfo
+
+    from pgqueue.cli import cli_errors
+
+    role = f"pq_no_such_role_{uuid.uuid4().hex[:8]}"
+    cases = [
+        (make_conninfo(server_dsn, dbname="no_such_db"), 'database "no_such_db" does not exist'),
+        (make_conninfo(server_dsn, user=role), f'role "{role}" does not exist'),
+    ]
+    for dsn, message in cases:
+        result = run("status", "--dsn", dsn)
+        assert result.exit_code == 1, (dsn, result.stderr)
+        assert _lines(result) == [f"cannot connect to Postgres: {message}"]
+    result = run("status", "--dsn", _UNREACHABLE)
+    assert _lines(result)[0].startswith("cannot reach Postgres: ")
+
+    # A failed password and a missing one (the test server trusts every role).
+    prefix = 'connection failed: connection to server at "db", port 5432 failed: '
+    failed = 'password authentication failed for user "app"'
+    said = [
+        (f"FATAL:  {failed}", failed),
+        ("fe_sendauth: no password supplied", "no password supplied"),
+    ]
+    for server_said, shown in said:
+        error = prefix + server_said
+
+        @cli_errors
+        def connect(error: str = error) -> None:
+            raise psycopg.OperationalError(error)
+
+        with pytest.raises(typer.Exit) as exit_:
+            connect()
+        assert exit_.value.exit_code == 1
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"cannot connect to Postgres: {shown}"
+        ]
+
+
+def test_a_timeout_on_a_reached_server_is_a_database_error(db_dsn):
+    """An OperationalError the server raised for a statement (here a lock timeout; also a
+    statement timeout or a shutdown) read "cannot reach Postgres" too."""
+    from psycopg.conninfo import make_conninfo
+
+    impatient = make_conninfo(db_dsn, options="-c lock_timeout=100")
+    with psycopg.connect(db_dsn) as conn:
+        conn.execute("LOCK TABLE pgqueue.tenants IN ACCESS EXCLUSIVE MODE")
+        try:
+            result = run("tenants", "list", "--dsn", impatient)
+        finally:
+            conn.rollback()
+    assert result.exit_code == 1, result.stderr
+    assert _lines(result) == ["database error: canceling statement due to lock timeout"]
+
+
+def test_a_missing_privilege_is_the_environment(server_dsn, db_dsn):
+    """A role without CREATEDB running `pgqueue simulate` read "invalid DSN or query:
+    permission denied to create database", exit 2 (psycopg files 42501 under
+    ProgrammingError); so did a role without grants on the pgqueue schema. Now "database
+    error", exit 1."""
+    import uuid
+
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    role = f"pq_plain_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN NOCREATEDB").format(sql.Identifier(role)))
+    try:
+        simulate = [
+            "simulate",
+            "--json",
+            "--duration",
+            "1",
+            "--strategies",
+            "fifo",
+            "--policies",
+            "drop",
+        ]
+        result = run(*simulate, "--dsn", make_conninfo(server_dsn, user=role))
+        assert result.exit_code == 1, result.stderr
+        assert _lines(result) == ["database error: permission denied to create database"]
+        result = run("status", "--dsn", make_conninfo(db_dsn, user=role))
+        assert result.exit_code == 1, result.stderr
+        assert _lines(result) == ["database error: permission denied for schema pgqueue"]
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
