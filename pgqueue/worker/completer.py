@@ -134,11 +134,9 @@ class Completer:
         # and the heartbeat always find one. Writes waiting on rows another transaction holds
         # (a user's cancel or UPDATE in an open transaction) used to take every connection: the
         # heartbeat then could not extend any lease, and the jobs would run twice once their
-        # leases expired (found by a tester). Default: the pool's size less three (producer,
-        # heartbeat, the batch flusher), at least one.
-        self._write_slots = asyncio.Semaphore(
-            write_slots if write_slots is not None else max(1, pool.max_size - 3)
-        )
+        # leases expired (found by a tester). The worker gives the pool's size less three
+        # (producer, heartbeat, the batch flusher), at least one; None: no bound.
+        self._write_slots = asyncio.Semaphore(write_slots or 1_000_000)
         # How long an outcome write is retried on transient errors: while the job's lease may
         # still hold (the last heartbeat extended it by a lease), at least 30 s. A write that
         # lands after a rescue is fenced off anyway; one given up makes the job run again once

@@ -221,7 +221,7 @@ class Worker:
             open=False,
         )
         await self._pool.open(wait=True)
-        self._completer = Completer(self._pool, self.settings)
+        self._completer = Completer(self._pool, self.settings, write_slots=max(1, pool_size - 3))
         self._completer.start()
         background: list[asyncio.Task[None]] = [
             asyncio.create_task(self._heartbeat_loop(), name="pgqueue-heartbeat"),
