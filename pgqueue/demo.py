@@ -75,6 +75,18 @@ async def _run(dsn: str, settings: Settings, options: DemoOptions, since: dateti
     return stats
 
 
+def scaled_limits(rate_scale: float) -> tuple[int, int, int]:
+    """The provider's limits at ``rate_scale`` × the defaults (50 requests, 40,000 input and
+    8,000 output tokens per minute), rounded, each at least 1: the sandbox takes whole
+    positive numbers (found by a tester: the documented minimum scale, 0.01, gave 0 requests
+    per minute and a traceback)."""
+    return (
+        max(1, round(50 * rate_scale)),
+        max(1, round(40_000 * rate_scale)),
+        max(1, round(8_000 * rate_scale)),
+    )
+
+
 def demo_database(dsn: str, database: str) -> str:
     """Drop and recreate ``database`` on the server of ``dsn``; return its DSN.
 
@@ -171,12 +183,11 @@ def run_demo(
     opts = options or DemoOptions()
     dsn = demo_database(server_dsn, opts.database)
     migrate.upgrade(dsn)
-    scale = opts.rate_scale
-    limits = (50 * scale, 40_000 * scale, 8_000 * scale)
+    limits = scaled_limits(opts.rate_scale)
     sandbox = SandboxConfig(
-        requests_per_minute=round(limits[0]),
-        input_tokens_per_minute=round(limits[1]),
-        output_tokens_per_minute=round(limits[2]),
+        requests_per_minute=limits[0],
+        input_tokens_per_minute=limits[1],
+        output_tokens_per_minute=limits[2],
         seconds_per_output_token=opts.seconds_per_output_token,
         seed=opts.seed,
     )

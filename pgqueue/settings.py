@@ -20,7 +20,11 @@ class Settings(BaseSettings):
     and the heartbeat interval (a job must never outlive its lease while still running).
     """
 
-    model_config = SettingsConfigDict(env_prefix="PGQUEUE_", frozen=True, extra="ignore")
+    # No NaN or infinity in any float (found by a tester: PGQUEUE_POLL_INTERVAL_SECONDS=inf
+    # passed `gt=0` and made every wait overflow); `None` is how a setting is switched off.
+    model_config = SettingsConfigDict(
+        env_prefix="PGQUEUE_", frozen=True, extra="ignore", allow_inf_nan=False
+    )
 
     dsn: str | None = Field(
         default=None, description="libpq DSN or URL; unset means the embedded Postgres."
