@@ -90,6 +90,11 @@ async def test_six_series_agree_with_the_views(db_dsn):
         pgqueue.enqueue_many(
             conn, [JobSpec("t3", "scheduled", payload, sla_seconds=5, kind="pgqueue.noop")] * 7
         )
+        # a cancelled job made no request: not in the request latency (nor in the depth)
+        doomed = pgqueue.enqueue(
+            conn, tenant_id="t0", origin="user_action", payload=payload, kind="pgqueue.noop"
+        )
+        assert doomed is not None and pgqueue.cancel(conn, doomed) == "cancelled"
         depth = {
             r[0]: r[1] for r in conn.execute("SELECT tier::text, queued FROM pgqueue.queue_depth")
         }

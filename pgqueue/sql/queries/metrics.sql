@@ -31,10 +31,12 @@ GROUP BY u.tenant_id
 
 -- name: metrics_finished_since :many
 -- Jobs finished after a cursor (finished_at, id), with their enqueue-to-finish latency.
+-- Served jobs only, as pgqueue.latency_slo counts them: a cancelled job made no request, and
+-- one cancelled after an hour in the queue is not an hour of request latency.
 SELECT j.id, j.finished_at, j.priority::text AS tier,
        extract(epoch FROM j.finished_at - j.enqueued_at)::double precision AS latency_seconds
 FROM pgqueue.jobs j
-WHERE j.state IN ('succeeded', 'failed', 'cancelled')
+WHERE j.state IN ('succeeded', 'failed')
   AND j.finished_at <= now()
   AND (j.finished_at, j.id) > (%(after_time)s, %(after_id)s)
 ORDER BY j.finished_at, j.id
