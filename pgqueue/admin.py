@@ -10,6 +10,7 @@ import psycopg
 from pgqueue.db import queries
 from pgqueue.errors import InvalidArgument
 from pgqueue.models import Tier
+from pgqueue.validation import check_tenant_id, check_tier
 
 
 def requeue_failed(
@@ -23,19 +24,18 @@ def requeue_failed(
 ) -> list[int]:
     """Put failed jobs back in the queue with fresh attempt and throttle counters.
 
-    Filters combine with AND: ``tenant_id``; ``tier``; ``reason``, a case-insensitive
-    substring of ``last_error``; ``since``/``until``, a range of ``finished_at`` (timezone-
-    aware). Runs in the caller's transaction; the ids re-queued are returned.
+    Filters combine with AND: ``tenant_id``; ``tier`` (any case: ``BATCH`` is ``batch``);
+    ``reason``, a case-insensitive substring of ``last_error``; ``since``/``until``, a range of
+    ``finished_at`` (timezone-aware). Runs in the caller's transaction; the ids re-queued are
+    returned.
 
     Raises:
         InvalidArgument: an unknown tier, naive datetimes, or ``since`` after ``until``.
+        InvalidTenant: a ``tenant_id`` that is empty or too long (no tenant has it).
     """
-    tier_value: str | None = None
-    if tier is not None:
-        try:
-            tier_value = Tier(tier).value
-        except ValueError:
-            raise InvalidArgument(f"unknown tier {tier!r}") from None
+    if tenant_id is not None:
+        check_tenant_id(tenant_id)
+    tier_value = None if tier is None else check_tier(tier)
     for moment in (since, until):
         if moment is not None and moment.tzinfo is None:
             raise InvalidArgument("since/until must be timezone-aware datetimes")

@@ -13,11 +13,20 @@ import psycopg
 from pgqueue.db import queries
 from pgqueue.errors import InvalidArgument, InvalidTenant, from_sqlstate
 from pgqueue.models import AdmissionPolicy, Tier
+from pgqueue.validation import _shown
+
+#: The largest cap: the columns are bigint (a larger int would be sent as numeric, which
+#: pgqueue.admission_set does not take: "function ... does not exist").
+MAX_CAP = 2**63 - 1
 
 
 def _check_cap(name: str, value: int | None) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise InvalidArgument(f"{name} must be an integer >= 0 or None (no cap), got {value!r}")
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CAP
+    ):
+        raise InvalidArgument(
+            f"{name} must be an integer from 0 to 2^63-1 or None (no cap), got {_shown(value, 40)}"
+        )
 
 
 def set_admission(
@@ -34,8 +43,9 @@ def set_admission(
     one tenant's queued jobs in the tier (a tenant's ``max_queued`` overrides it).
 
     Raises:
-        InvalidArgument: unknown tier or policy, a negative cap, or ``drop`` for the critical
-            tier (critical work is never dropped: use ``reject`` or ``block``).
+        InvalidArgument: unknown tier or policy, a cap below 0 or above 2^63-1, or ``drop``
+            for the critical tier (critical work is never dropped: use ``reject`` or
+            ``block``).
     """
     try:
         tier_value = Tier(tier)

@@ -15,6 +15,7 @@ The SQL function ``pgqueue.enqueue`` raises the same usage errors with dedicated
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 
@@ -210,6 +211,21 @@ USAGE_ERRORS: tuple[type[UsageError], ...] = (
 _BY_SQLSTATE: dict[str, type[UsageError]] = {cls.sqlstate: cls for cls in USAGE_ERRORS}
 
 
+#: The server's words for a call that matches no function: "function pgqueue.f(unknown,
+#: numeric) does not exist", with the types of the arguments as sent.
+_NO_SUCH_FUNCTION = re.compile(r"function (?P<name>[\w.]+)\((?P<args>[^()]*)\) does not exist")
+
+
+def numeric_argument(message: str) -> bool:
+    """Whether a 42883 (undefined_function) ``message`` names a call with a ``numeric``
+    argument: psycopg sends a Python int beyond 64 bits as numeric, which no pgqueue function
+    takes, so the call matched none. That is a number out of range, not a missing schema
+    (found by a tester: `admission set --max-queued 99999999999999999999` said
+    "SchemaOutOfDate ... run `pgqueue migrate`"); pgqueue itself never sends numeric."""
+    match = _NO_SUCH_FUNCTION.search(message)
+    return match is not None and "numeric" in (t.strip() for t in match["args"].split(","))
+
+
 def from_sqlstate(
     sqlstate: str | None, message: str, detail: str | None = None
 ) -> UsageError | QueueFull | SchemaOutOfDate | None:
@@ -217,10 +233,13 @@ def from_sqlstate(
 
     For ``PQ010`` (:class:`QueueFull`) ``detail`` is the JSON verdict the database sends in
     the error's DETAIL field. ``42883`` (undefined_function) naming a ``pgqueue.`` function
-    means the schema is older than this pgqueue: :class:`SchemaOutOfDate`.
+    means the schema is older than this pgqueue: :class:`SchemaOutOfDate`; unless an argument
+    was sent as ``numeric`` (:func:`numeric_argument`): :class:`InvalidArgument`.
     """
     if sqlstate is None:
         return None
+    if sqlstate == "42883" and numeric_argument(message):
+        return InvalidArgument(f"a number is out of range (beyond 64-bit integers): {message}")
     if sqlstate == "42883" and "pgqueue." in message:
         return SchemaOutOfDate(
             f"the pgqueue schema in this database is older than this pgqueue ({message}); "

@@ -25,7 +25,7 @@ from pgqueue.errors import (
     PayloadTooLarge,
     UnknownOrigin,
 )
-from pgqueue.models import DEFAULT_KIND, Origin
+from pgqueue.models import DEFAULT_KIND, Origin, Tier
 
 MAX_TENANT_ID_CHARS = 128
 MAX_KIND_CHARS = 128
@@ -128,6 +128,21 @@ def check_plan(plan: object) -> str:
     if name is None or name not in KNOWN_PLANS:
         shown = shown_text(plan) if isinstance(plan, str) else _shown(plan)
         raise InvalidArgument(f"unknown plan {shown}; known plans: {', '.join(KNOWN_PLANS)}")
+    return name
+
+
+def check_tier(tier: object) -> str:
+    """The name of a tier (``critical``, ``standard`` or ``batch``), matched case-insensitively
+    and without surrounding blanks, as :func:`check_plan` matches plans: ``BATCH`` is
+    ``batch``.
+
+    Raises:
+        InvalidArgument: not a string, or not a tier (the message lists the three).
+    """
+    name = tier.strip().lower() if isinstance(tier, str) else None
+    if name is None or name not in {t.value for t in Tier}:
+        shown = shown_text(tier) if isinstance(tier, str) else _shown(tier)
+        raise InvalidArgument(f"unknown tier {shown}; expected critical, standard or batch")
     return name
 
 

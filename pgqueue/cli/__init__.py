@@ -23,7 +23,13 @@ import sqlalchemy.exc
 import typer
 from rich.console import Console
 
-from pgqueue.errors import AdmissionError, InvalidArgument, PgqueueError, UsageError
+from pgqueue.errors import (
+    AdmissionError,
+    InvalidArgument,
+    PgqueueError,
+    UsageError,
+    numeric_argument,
+)
 from pgqueue.settings import Settings, load_settings
 
 app = typer.Typer(
@@ -48,6 +54,12 @@ DsnOption = Annotated[
     typer.Option("--dsn", help="Postgres DSN; default PGQUEUE_DSN, else the embedded server."),
 ]
 _INT32_MAX = 2_147_483_647
+#: bigint's largest value: the caps of queued jobs (pgqueue.admission, pgqueue.tenants) and
+#: LIMITs are bigint, and psycopg sends a larger int as numeric, which no pgqueue function takes.
+_INT64_MAX = 2**63 - 1
+#: Jobs in flight per worker at most (Settings.concurrency, PGQUEUE_CONCURRENCY, takes the same);
+#: the claim functions take an integer.
+MAX_CONCURRENCY = 10_000
 #: The largest number of seconds an option takes (~31.7 years): time.sleep and Event.wait
 #: overflow past ~9.2e9 s, and now() minus more than ~2e11 s leaves Postgres' timestamps.
 _MAX_SECONDS = 1e9
@@ -101,6 +113,72 @@ def finite_in_range(
         )
 
 
+def _int_bound(value: int) -> str:
+    return {_INT64_MAX: "2^63-1", _INT32_MAX: "2^31-1"}.get(value, str(value))
+
+
+def int_in_range(option: str, value: int | None, low: int, high: int) -> None:
+    """Check an int option here, not with typer's ``min``/``max`` (which answer in a box of
+    several lines): ``low`` to ``high``, both included. ``None`` (not given) passes. Every int
+    option has an upper bound (found by a tester: `admission set --max-queued
+    99999999999999999999` reached the database as numeric and read "SchemaOutOfDate").
+
+    Raises:
+        InvalidArgument: a number outside ``low`` to ``high``.
+    """
+    from pgqueue.validation import _shown
+
+    if value is not None and not low <= value <= high:
+        raise InvalidArgument(
+            f"{option} must be an integer from {_int_bound(low)} to {_int_bound(high)}, "
+            f"got {_shown(value, 40)}"
+        )
+
+
+def _check_text_arguments(fn: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """Refuse a command's string arguments that are not valid UTF-8 text, naming the first.
+
+    Python decodes command-line bytes that are not UTF-8 with surrogateescape, so
+    `--tenant $'\\xff'` arrives as a string with a lone surrogate, which cannot be sent to
+    the database or encoded anywhere (found by a tester: a UnicodeEncodeError traceback).
+    Paths are left alone: a file name need not be UTF-8 to be opened.
+
+    Raises:
+        InvalidArgument: "--tenant is not valid UTF-8 text".
+    """
+    from pgqueue.validation import is_utf8_encodable
+
+    for name, value in kwargs.items():
+        if isinstance(value, str) and not is_utf8_encodable(value):
+            raise InvalidArgument(f"{_parameter_name(fn, name)} is not valid UTF-8 text")
+
+
+def _parameter_name(fn: Callable[..., Any], name: str) -> str:
+    """How the command line spells parameter ``name`` of command ``fn``: its long option
+    (``--all`` for ``all_failed``), or "argument <name>" for a positional argument."""
+    import inspect
+    import typing
+
+    from typer.models import ArgumentInfo, OptionInfo
+
+    try:
+        hint = typing.get_type_hints(fn, include_extras=True).get(name)
+    except Exception:  # an annotation that does not resolve: the plain spelling below
+        hint = None
+    for info in typing.get_args(hint)[1:] if typing.get_origin(hint) is Annotated else ():
+        if isinstance(info, ArgumentInfo):
+            return f"argument {name}"
+        if isinstance(info, OptionInfo):
+            # In Annotated, typer reads a first positional string as a declaration.
+            decls = [info.default, *(info.param_decls or ())]
+            spelled = [d for d in decls if isinstance(d, str) and d.startswith("--")]
+            return spelled[0] if spelled else "--" + name.replace("_", "-")
+    parameter = inspect.signature(fn).parameters.get(name)
+    if parameter is not None and parameter.default is inspect.Parameter.empty:
+        return f"argument {name}"  # typer: no default and no Option, an argument
+    return "--" + name.replace("_", "-")
+
+
 # The server's own words when it answered a connection and refused it: libpq writes its
 # startup error as "FATAL:  <message>" (no such database or role, a failed password, no
 # pg_hba.conf entry, too many clients), or "fe_sendauth: <message>" when the server asked for a
@@ -131,6 +209,7 @@ def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
+            _check_text_arguments(fn, kwargs)
             return fn(*args, **kwargs)
         except typer.Exit:
             raise
@@ -157,13 +236,20 @@ def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
             psycopg.errors.UndefinedFunction,
             psycopg.errors.UndefinedColumn,
         ) as exc:
+            said = exc.diag.message_primary or type(exc).__name__
+            if numeric_argument(said):  # an int beyond 64 bits, sent as numeric: bad input
+                _say(
+                    "InvalidArgument",
+                    f"a number is out of range (beyond 64-bit integers): {said}",
+                )
+                raise typer.Exit(2) from None
             # pgqueue's own statements found no such object: the schema is missing, or it was
             # changed under a running command (found by a tester: a downgrade under running
             # workers said "invalid DSN or query" and exit 2).
             _say(
                 "SchemaOutOfDate",
                 "the pgqueue schema here is missing or not the one this pgqueue expects "
-                f"({exc.diag.message_primary or type(exc).__name__}); run `pgqueue migrate`",
+                f"({said}); run `pgqueue migrate`",
             )
             raise typer.Exit(1) from None
         except psycopg.errors.NumericValueOutOfRange as exc:
@@ -192,16 +278,37 @@ def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except OSError as exc:
             _say(type(exc).__name__, str(exc))
             raise typer.Exit(2) from None
+        except UnicodeEncodeError as exc:  # text from elsewhere than the arguments (checked)
+            _say("InvalidArgument", f"text that is not valid UTF-8: {exc}")
+            raise typer.Exit(2) from None
 
     return wrapper
 
 
 def _settings(**overrides: Any) -> Settings:
+    import pydantic
+
     try:
         return load_settings(**overrides)
+    except pydantic.ValidationError as exc:
+        # One line: pydantic's own text takes three per error, and a link.
+        _say("invalid settings", "; ".join(_setting_error(e) for e in exc.errors()))
+        raise typer.Exit(2) from None
     except ValueError as exc:
         _say("invalid settings", str(exc))
         raise typer.Exit(2) from None
+
+
+def _setting_error(error: Any) -> str:
+    """One error of pydantic's as "field: message (got 'value')" (env names hold the field
+    name: PGQUEUE_<FIELD>); a rule over several fields has no field."""
+    from pgqueue.validation import _shown
+
+    field = ".".join(str(part) for part in error.get("loc", ()))
+    text = f"{field}: {error['msg']}" if field else error["msg"]
+    if field and "input" in error:
+        text += f" (got {_shown(error['input'], 40)})"
+    return text
 
 
 def _dsn(settings: Settings, dsn: str | None) -> str:

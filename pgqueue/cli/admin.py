@@ -13,9 +13,11 @@ import psycopg
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from pgqueue.cli import (
     _INT32_MAX,
+    _INT64_MAX,
     _MAX_SECONDS,
     DsnOption,
     _dsn,
@@ -25,6 +27,7 @@ from pgqueue.cli import (
     cli_errors,
     console,
     finite_in_range,
+    int_in_range,
     limits_app,
     tenants_app,
 )
@@ -108,9 +111,7 @@ def enqueue(
         str | None, typer.Option(help="Messages API parameters as JSON, or @file.json.")
     ] = None,
     model: Annotated[str, typer.Option(help="Model, with --prompt.")] = "claude-haiku-4-5",
-    max_tokens: Annotated[
-        int, typer.Option(min=1, max=_INT32_MAX, help="max_tokens, with --prompt.")
-    ] = 256,
+    max_tokens: Annotated[int, typer.Option(help="max_tokens, with --prompt, 1 to 2^31-1.")] = 256,
     kind: Annotated[
         str,
         typer.Option(help="Handler kind (a worker needs a handler registered for it)."),
@@ -124,6 +125,7 @@ def enqueue(
     """Enqueue one job and print its id."""
     import pgqueue
 
+    int_in_range("--max-tokens", max_tokens, 1, _INT32_MAX)
     if (prompt is None) == (payload is None):
         raise pgqueue.InvalidArgument("give exactly one of --prompt TEXT or --payload JSON")
     body: Any
@@ -164,6 +166,7 @@ def status(
     ] = None,
 ) -> None:
     """Depth per tier, p50/p99 against the SLOs, Jain's index, demotions, top tenants, 429s."""
+    import io
     import time
 
     from rich.live import Live
@@ -187,10 +190,13 @@ def status(
     with Live(console=console, auto_refresh=False) as live:
         try:
             while True:
-                frame = Console(record=True, width=console.width)
-                with frame.capture():
-                    render_status(snapshot(), frame)
-                live.update(frame.export_text(styles=True), refresh=True)
+                # Recorded into a buffer of its own: rich records nothing printed inside
+                # capture(), and every frame was empty.
+                frame = Console(record=True, width=console.width, file=io.StringIO())
+                render_status(snapshot(), frame)
+                # Text, not the exported string: Live would read that string as markup again
+                # (a tenant named "[/x]" raised MarkupError).
+                live.update(Text.from_ansi(frame.export_text(styles=True)), refresh=True)
                 time.sleep(watch)
         except KeyboardInterrupt:
             return
@@ -200,20 +206,21 @@ def status(
 @cli_errors
 def tenants_list(
     dsn: DsnOption = None,
-    limit: Annotated[int, typer.Option(min=1, help="At most this many tenants.")] = 100,
+    limit: Annotated[int, typer.Option(help="At most this many tenants, 1 to 2^63-1.")] = 100,
 ) -> None:
     """List tenants with plan, quantum, budget, queued jobs and demotion."""
     from pgqueue.db import queries
 
+    int_in_range("--limit", limit, 1, _INT64_MAX)
     with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
         rows = queries.run(conn, "tenant_list", {"limit": limit})
     table = Table(title="Tenants")
     for col in ("tenant", "plan", "quantum", "daily budget", "queued", "demoted"):
         table.add_column(col)
     for r in rows:
-        table.add_row(
-            r["tenant_id"],
-            r["plan"],
+        table.add_row(  # Text: names as they are stored, never read as rich markup
+            Text(r["tenant_id"]),
+            Text(r["plan"]),
             str(r["quantum"] or "default"),
             str(r["daily_token_budget"] or "default"),
             str(r["queued"]),
@@ -231,7 +238,7 @@ def tenants_set(
         float | None, typer.Option(help="DRR quantum, cost units, 0.001 to 1e9.")
     ] = None,
     daily_budget: Annotated[
-        int | None, typer.Option(min=0, max=2**62, help="Daily input-token budget.")
+        int | None, typer.Option(help="Daily input-token budget, 0 to 2^62.")
     ] = None,
     dsn: DsnOption = None,
 ) -> None:
@@ -243,6 +250,7 @@ def tenants_set(
     if plan is not None:
         plan = check_plan(plan)
     finite_in_range("--quantum", quantum, 0.001, 1e9)
+    int_in_range("--daily-budget", daily_budget, 0, 2**62)
     with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
         row = queries.run(
             conn,
@@ -270,7 +278,7 @@ def limits_list(dsn: DsnOption = None) -> None:
         table.add_column(col, justify="left" if col == "model" else "right")
     for r in rows:
         table.add_row(
-            r["model"],
+            Text(r["model"]),  # a model named "[/x]" is text, not rich markup
             f"{r['requests_available']:.0f} / {r['requests_per_minute']:.0f}",
             f"{r['input_tokens_available']:.0f} / {r['input_tokens_per_minute']:.0f}",
             f"{r['output_tokens_available']:.0f} / {r['output_tokens_per_minute']:.0f}",
@@ -309,7 +317,9 @@ def limits_set(
 @cli_errors
 def retry(
     tenant: Annotated[str | None, typer.Option(help="Only this tenant.")] = None,
-    tier: Annotated[str | None, typer.Option(help="critical | standard | batch")] = None,
+    tier: Annotated[
+        str | None, typer.Option(help="critical | standard | batch (any case).")
+    ] = None,
     reason: Annotated[
         str | None, typer.Option(help="Substring of last_error (case-insensitive).")
     ] = None,
@@ -325,11 +335,16 @@ def retry(
     """Re-queue failed jobs in bulk, with fresh attempt counters."""
     from pgqueue.admin import requeue_failed
     from pgqueue.errors import InvalidArgument
+    from pgqueue.validation import check_tenant_id, check_tier
 
     if not all_failed and all(v is None for v in (tenant, tier, reason, since, until)):
         raise InvalidArgument(
             "give a filter (--tenant, --tier, --reason, --since, --until) or --all"
         )
+    if tenant is not None:
+        check_tenant_id(tenant)  # '' matched no job and said "re-queued 0"; cancel refuses it
+    if tier is not None:
+        tier = check_tier(tier)  # any case, as --plan: BATCH is batch
     since_utc = since.replace(tzinfo=UTC) if since and since.tzinfo is None else since
     until_utc = until.replace(tzinfo=UTC) if until and until.tzinfo is None else until
     with psycopg.connect(_dsn(_settings(), dsn)) as conn:
@@ -339,7 +354,10 @@ def retry(
     console.print(f"re-queued {len(ids)} failed job(s)")
 
 
-@app.command()
+# ignore_unknown_options: click reads a token starting with "-" as an option, so `cancel -5`
+# said "No such option: -5" in typer's box; now -5 is the job id, which pgqueue.cancel refuses
+# in one line. (A mistyped option, `--tenat`, is then read as the job id: "not a valid integer".)
+@app.command(context_settings={"ignore_unknown_options": True})
 @cli_errors
 def cancel(
     job_id: Annotated[
@@ -354,7 +372,7 @@ def cancel(
         typer.Option("--all-queued", help="Every queued job of --tenant (running ones finish)."),
     ] = False,
     tier: Annotated[
-        str | None, typer.Option(help="With --all-queued: only this tier's jobs.")
+        str | None, typer.Option(help="With --all-queued: only this tier's jobs (any case).")
     ] = None,
     reason: Annotated[
         str | None, typer.Option(help="Stored in last_error as 'cancelled: <reason>'.")
@@ -365,6 +383,7 @@ def cancel(
     or with --all-queued every queued job of a tenant."""
     import pgqueue
     from pgqueue.errors import InvalidArgument
+    from pgqueue.validation import check_tier
 
     if all_queued:
         if job_id is not None or tenant is None:
@@ -373,6 +392,8 @@ def cancel(
         raise InvalidArgument("give a job id, or --all-queued --tenant T")
     elif tier is not None:
         raise InvalidArgument("--tier goes with --all-queued")
+    if tier is not None:
+        tier = check_tier(tier)  # any case, as --plan (pgqueue.cancel_queued takes lower case)
     with psycopg.connect(_dsn(_settings(), dsn)) as conn:
         if all_queued:
             assert tenant is not None
@@ -426,11 +447,11 @@ def admission_show(
         table.add_column(col, justify="left" if col in ("tier", "policy") else "right")
     for r in rows:
         table.add_row(
-            r["tier"],
+            Text(r["tier"]),
             str(r["queued"]),
             "-" if r["max_queued"] is None else str(r["max_queued"]),
             "-" if r["tenant_max_queued"] is None else str(r["tenant_max_queued"]),
-            r["policy"],
+            Text(r["policy"]),
             str(r["dropped"]),
         )
     console.print(table)
@@ -439,25 +460,35 @@ def admission_show(
 @admission_app.command("set")
 @cli_errors
 def admission_set(
-    tier: Annotated[str, typer.Argument(help="critical | standard | batch")],
+    tier: Annotated[str, typer.Argument(help="critical | standard | batch (any case)")],
     max_queued: Annotated[
-        int | None, typer.Option(min=0, help="Cap of the tier's queued jobs; omit: no cap.")
+        int | None,
+        typer.Option(help="Cap of the tier's queued jobs, 0 to 2^63-1; omit: no cap."),
     ] = None,
     tenant_max_queued: Annotated[
-        int | None, typer.Option(min=0, help="Cap of one tenant's queued jobs in the tier.")
+        int | None,
+        typer.Option(help="Cap of one tenant's queued jobs in the tier, 0 to 2^63-1."),
     ] = None,
     policy: Annotated[
-        str, typer.Option(help="reject | block | drop (never drop for critical).")
+        str, typer.Option(help="reject | block | drop, any case (never drop for critical).")
     ] = "reject",
     dsn: DsnOption = None,
 ) -> None:
     """Set a tier's caps and policy (caps not given are removed)."""
-    from pgqueue.admission import set_admission
+    from pgqueue.admission import MAX_CAP, set_admission
+    from pgqueue.validation import check_tier
 
+    tier = check_tier(tier)
+    policy = policy.strip().lower()
+    # Before any statement: psycopg sends an int beyond bigint as numeric, and the call then
+    # matched no function ("SchemaOutOfDate ... run `pgqueue migrate`", found by a tester).
+    int_in_range("--max-queued", max_queued, 0, MAX_CAP)
+    int_in_range("--tenant-max-queued", tenant_max_queued, 0, MAX_CAP)
     with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
         set_admission(
             conn, tier, max_queued=max_queued, tenant_max_queued=tenant_max_queued, policy=policy
         )
     console.print(
-        f"{tier}: max_queued={max_queued} tenant_max_queued={tenant_max_queued} policy={policy}"
+        f"{tier}: max_queued={max_queued} tenant_max_queued={tenant_max_queued} policy={policy}",
+        markup=False,
     )

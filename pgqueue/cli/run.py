@@ -12,9 +12,13 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from pgqueue.cli import (
+    _INT32_MAX,
+    _INT64_MAX,
     _MAX_SECONDS,
+    MAX_CONCURRENCY,
     DsnOption,
     _dsn,
     _settings,
@@ -23,19 +27,26 @@ from pgqueue.cli import (
     console,
     err_console,
     finite_in_range,
+    int_in_range,
 )
 from pgqueue.worker.shutdown import work_until_stopped
 
 #: `replay --against-sandbox --rate-scale` at most: 50 RPM x 2e7 is 1e9, the most
 #: `pgqueue limits set --rpm` takes.
 _MAX_RATE_SCALE = 2e7
+#: `metrics --top-tenants` and `replay --tenants` at most (labels per metric; tenants built).
+_MAX_TENANTS = 10_000
+#: `sandbox --fail-first-n` at most (one scripted answer each, kept in memory).
+_MAX_SCRIPTED_FAILURES = 1_000_000
 
 
 @app.command()
 @cli_errors
 def work(
     dsn: DsnOption = None,
-    concurrency: Annotated[int | None, typer.Option(min=1, help="Jobs in flight.")] = None,
+    concurrency: Annotated[
+        int | None, typer.Option(help=f"Jobs in flight, 1 to {MAX_CONCURRENCY}.")
+    ] = None,
     burst: Annotated[bool, typer.Option(help="Exit when nothing is left to run.")] = False,
     app_spec: Annotated[
         str | None, typer.Option("--app", help="module:attribute of a pgqueue.Registry.")
@@ -49,14 +60,13 @@ def work(
     ] = True,
     metrics_port: Annotated[
         int | None,
-        typer.Option(min=1, max=65535, help="Serve this worker's pgqueue_* metrics here."),
+        typer.Option(help="Serve this worker's pgqueue_* metrics on this port (1 to 65535)."),
     ] = None,
     claim_batch: Annotated[
         int | None,
         typer.Option(
-            min=1,
-            help="At most this many jobs per claim (default: every free slot); below "
-            "--concurrency, the next claim overlaps the jobs still running.",
+            help=f"At most this many jobs per claim, 1 to {MAX_CONCURRENCY} (default: every "
+            "free slot); below --concurrency, the next claim overlaps the jobs still running.",
         ),
     ] = None,
 ) -> None:
@@ -64,6 +74,9 @@ def work(
     from pgqueue.handlers.registry import Registry, load_app
     from pgqueue.worker.runtime import Worker
 
+    int_in_range("--concurrency", concurrency, 1, MAX_CONCURRENCY)
+    int_in_range("--metrics-port", metrics_port, 1, 65535)
+    int_in_range("--claim-batch", claim_batch, 1, MAX_CONCURRENCY)
     finite_in_range("--poll-interval", poll_interval, 0.0, _MAX_SECONDS, low_open=True)
     settings = _settings(poll_interval_seconds=poll_interval, claim_batch_max=claim_batch)
     target = _dsn(settings, dsn)
@@ -77,19 +90,22 @@ def work(
     worker = Worker(target, settings, registry, concurrency=concurrency, burst=burst, listen=listen)
     stats = asyncio.run(work_until_stopped(worker))
     done = ", ".join(f"{k} {v}" for k, v in sorted(stats.outcomes.items())) or "nothing"
-    console.print(f"worker {worker.worker_id} stopped: claimed {stats.claimed} ({done})")
+    console.print(
+        f"worker {worker.worker_id} stopped: claimed {stats.claimed} ({done})", markup=False
+    )
 
 
 @app.command()
 @cli_errors
 def metrics(
-    port: Annotated[int, typer.Option(min=1, max=65535, help="Port of /metrics.")] = 9464,
+    port: Annotated[int, typer.Option(help="Port of /metrics, 1 to 65535.")] = 9464,
     host: str = "0.0.0.0",
     refresh_seconds: Annotated[
         float, typer.Option(help="Read the database at most this often, seconds, 0 to 1e9.")
     ] = 30.0,
     top_tenants: Annotated[
-        int, typer.Option(min=1, help="Per-tenant labels kept; the rest is 'other'.")
+        int,
+        typer.Option(help=f"Per-tenant labels kept, 1 to {_MAX_TENANTS}; the rest is 'other'."),
     ] = 20,
     dsn: DsnOption = None,
 ) -> None:
@@ -101,12 +117,14 @@ def metrics(
 
     from pgqueue.observability.metrics import database_registry
 
+    int_in_range("--port", port, 1, 65535)
+    int_in_range("--top-tenants", top_tenants, 1, _MAX_TENANTS)
     finite_in_range("--refresh-seconds", refresh_seconds, 0.0, _MAX_SECONDS)
     registry = database_registry(
         _dsn(_settings(), dsn), refresh_seconds=refresh_seconds, top_tenants=top_tenants
     )
     server, _thread = start_http_server(port, addr=host, registry=registry)
-    err_console.print(f"metrics on http://{host}:{port}/metrics")
+    err_console.print(f"metrics on http://{host}:{port}/metrics", markup=False)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -118,10 +136,10 @@ def metrics(
 @cli_errors
 def sandbox(
     host: str = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535)] = 8765,
-    rpm: Annotated[int, typer.Option(min=1, help="Requests per minute.")] = 50,
-    itpm: Annotated[int, typer.Option(min=1, help="Input tokens per minute.")] = 40_000,
-    otpm: Annotated[int, typer.Option(min=1, help="Output tokens per minute.")] = 8_000,
+    port: Annotated[int, typer.Option(help="1 to 65535.")] = 8765,
+    rpm: Annotated[int, typer.Option(help="Requests per minute, 1 to 1e9.")] = 50,
+    itpm: Annotated[int, typer.Option(help="Input tokens per minute, 1 to 1e12.")] = 40_000,
+    otpm: Annotated[int, typer.Option(help="Output tokens per minute, 1 to 1e12.")] = 8_000,
     overload_rate: Annotated[
         float, typer.Option(help="Share of requests answered 529, 0 to 1.")
     ] = 0.0,
@@ -129,9 +147,12 @@ def sandbox(
         float, typer.Option(help="Simulated generation time per output token, 0 to 1e9.")
     ] = 0.0,
     fail_first_n: Annotated[
-        int, typer.Option(min=0, help="Answer the first N requests with --fail-status.")
+        int,
+        typer.Option(
+            help=f"Answer the first N requests with --fail-status, 0 to {_MAX_SCRIPTED_FAILURES}."
+        ),
     ] = 0,
-    fail_status: int = 429,
+    fail_status: Annotated[int, typer.Option(help="An HTTP error status, 400 to 599.")] = 429,
     fail_retry_after: Annotated[
         str | None, typer.Option(help="retry-after of those answers.")
     ] = None,
@@ -141,6 +162,12 @@ def sandbox(
     from pgqueue.errors import InvalidArgument
     from pgqueue.sandbox import SandboxConfig, serve
 
+    int_in_range("--port", port, 1, 65535)
+    int_in_range("--rpm", rpm, 1, 10**9)  # as `pgqueue limits set`
+    int_in_range("--itpm", itpm, 1, 10**12)
+    int_in_range("--otpm", otpm, 1, 10**12)
+    int_in_range("--fail-first-n", fail_first_n, 0, _MAX_SCRIPTED_FAILURES)
+    int_in_range("--fail-status", fail_status, 400, 599)
     finite_in_range("--overload-rate", overload_rate, 0.0, 1.0)
     finite_in_range("--seconds-per-output-token", seconds_per_output_token, 0.0, _MAX_SECONDS)
     try:
@@ -158,7 +185,8 @@ def sandbox(
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
     err_console.print(
-        f"sandbox on http://{host}:{port} — export ANTHROPIC_BASE_URL=http://{host}:{port}"
+        f"sandbox on http://{host}:{port} — export ANTHROPIC_BASE_URL=http://{host}:{port}",
+        markup=False,
     )
     serve(config, host=host, port=port)
 
@@ -169,11 +197,15 @@ def replay(
     trace: Annotated[
         Path | None, typer.Argument(help="CSV trace; default: the bundled Azure trace.")
     ] = None,
-    limit: Annotated[int | None, typer.Option(min=1, help="Replay the first N requests.")] = 1000,
+    limit: Annotated[
+        int | None, typer.Option(help="Replay the first N requests, 1 to 2^63-1.")
+    ] = 1000,
     speedup: Annotated[
         float, typer.Option(help="Replay this many times faster, at least 0.01.")
     ] = 1.0,
-    tenants: Annotated[int, typer.Option(min=1, help="Tenants (t00 is the runaway).")] = 8,
+    tenants: Annotated[
+        int, typer.Option(help=f"Tenants, 1 to {_MAX_TENANTS} (t00 is the runaway).")
+    ] = 8,
     seed: int = 0,
     against_sandbox: Annotated[
         bool,
@@ -186,7 +218,9 @@ def replay(
         float,
         typer.Option(help="With --against-sandbox: limits × 50 RPM/40k ITPM/8k OTPM, 0.01 to 2e7."),
     ] = 1.0,
-    concurrency: Annotated[int, typer.Option(min=1, help="With --against-sandbox.")] = 16,
+    concurrency: Annotated[
+        int, typer.Option(help=f"With --against-sandbox: jobs in flight, 1 to {MAX_CONCURRENCY}.")
+    ] = 16,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     dsn: DsnOption = None,
 ) -> None:
@@ -195,6 +229,9 @@ def replay(
     from pgqueue.replay import replay_plan
     from pgqueue.trace import load_trace, plan_replay, summarize_plan
 
+    int_in_range("--limit", limit, 1, _INT64_MAX)
+    int_in_range("--tenants", tenants, 1, _MAX_TENANTS)
+    int_in_range("--concurrency", concurrency, 1, MAX_CONCURRENCY)
     finite_in_range("--speedup", speedup, 0.01)
     finite_in_range("--rate-scale", rate_scale, 0.01, _MAX_RATE_SCALE)
     settings = _settings()
@@ -228,7 +265,7 @@ def replay(
         table.add_column(col, justify="left" if col == "tenant" else "right")
     for tenant_id, row in sorted(summary.get("tenants", {}).items()):
         table.add_row(
-            tenant_id,
+            Text(tenant_id),
             str(row.get("jobs", "")),
             f"{row.get('input_tokens', 0):,}",
             f"{row.get('output_tokens', 0):,}",
@@ -243,9 +280,9 @@ def replay(
 @app.command()
 @cli_errors
 def demo(
-    requests: Annotated[int, typer.Option(min=1, help="Requests from the trace.")] = 400,
+    requests: Annotated[int, typer.Option(help="Requests from the trace, 1 to 2^63-1.")] = 400,
     speedup: Annotated[float, typer.Option(help="Replay speed-up, at least 0.01.")] = 10.0,
-    concurrency: Annotated[int, typer.Option(min=1)] = 16,
+    concurrency: Annotated[int, typer.Option(help=f"Jobs in flight, 1 to {MAX_CONCURRENCY}.")] = 16,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     dsn: DsnOption = None,
 ) -> None:
@@ -257,6 +294,8 @@ def demo(
     from pgqueue.demo import DemoOptions, run_demo
     from pgqueue.observability.report import render_run_report
 
+    int_in_range("--requests", requests, 1, _INT64_MAX)
+    int_in_range("--concurrency", concurrency, 1, MAX_CONCURRENCY)
     finite_in_range("--speedup", speedup, 0.01)
     settings = _settings()
     target = _dsn(settings, dsn)
@@ -276,31 +315,41 @@ def demo(
 @app.command()
 @cli_errors
 def bench(
-    jobs: Annotated[int, typer.Option(min=1, help="Jobs per claim+complete run.")] = 20_000,
+    jobs: Annotated[int, typer.Option(help="Jobs per claim+complete run, 1 to 2^31-1.")] = 20_000,
     procs: Annotated[str, typer.Option(help="Worker process counts, comma-separated.")] = "1,2,4",
-    concurrency: Annotated[int, typer.Option(min=1, help="Slots per worker process.")] = 10,
-    repeats: Annotated[int, typer.Option(min=1, help="Interleaved runs per measurement.")] = 3,
-    single_jobs: Annotated[int, typer.Option(min=1, help="Jobs per single-enqueue run.")] = 2_000,
-    bulk_jobs: Annotated[int, typer.Option(min=1, help="Jobs per bulk-enqueue run.")] = 20_000,
-    batch: Annotated[int, typer.Option(min=1, help="Jobs per bulk statement.")] = 1_000,
-    wake_samples: Annotated[int, typer.Option(min=1, help="Idle wake-up samples.")] = 200,
+    concurrency: Annotated[
+        int, typer.Option(help=f"Slots per worker process, 1 to {MAX_CONCURRENCY}.")
+    ] = 10,
+    repeats: Annotated[
+        int, typer.Option(help="Interleaved runs per measurement, 1 to 2^31-1.")
+    ] = 3,
+    single_jobs: Annotated[
+        int, typer.Option(help="Jobs per single-enqueue run, 1 to 2^31-1.")
+    ] = 2_000,
+    bulk_jobs: Annotated[
+        int, typer.Option(help="Jobs per bulk-enqueue run, 1 to 2^31-1.")
+    ] = 20_000,
+    batch: Annotated[int, typer.Option(help="Jobs per bulk statement, 1 to 2^31-1.")] = 1_000,
+    wake_samples: Annotated[int, typer.Option(help="Idle wake-up samples, 1 to 2^31-1.")] = 200,
     peer: Annotated[
         str | None,
         typer.Option(help="Also measure a peer: pgqueuer (pip install 'pgqueue\\[bench]')."),
     ] = None,
-    peer_batch: Annotated[int, typer.Option(min=1, help="The peer's dequeue batch size.")] = 10,
+    peer_batch: Annotated[
+        int, typer.Option(help=f"The peer's dequeue batch size, 1 to {MAX_CONCURRENCY}.")
+    ] = 10,
     claim_batch: Annotated[
         int | None,
         typer.Option(
-            min=1, help="Jobs per claim of pgqueue and plain workers (default: free slots)."
+            help=f"Jobs per claim of pgqueue and plain workers, 1 to {MAX_CONCURRENCY} "
+            "(default: free slots)."
         ),
     ] = None,
     peer_max_in_flight: Annotated[
         int | None,
         typer.Option(
-            min=1,
             help="The peer's cap on jobs in flight (pgqueuer max_concurrent_tasks, at least "
-            "twice --peer-batch; default: its own, no cap).",
+            f"twice --peer-batch, at most {2 * MAX_CONCURRENCY}; default: its own, no cap).",
         ),
     ] = None,
     only: Annotated[
@@ -320,6 +369,19 @@ def bench(
     from pgqueue import bench as b
     from pgqueue.errors import InvalidArgument
 
+    for option, value, high in (
+        ("--jobs", jobs, _INT32_MAX),
+        ("--concurrency", concurrency, MAX_CONCURRENCY),
+        ("--repeats", repeats, _INT32_MAX),
+        ("--single-jobs", single_jobs, _INT32_MAX),
+        ("--bulk-jobs", bulk_jobs, _INT32_MAX),
+        ("--batch", batch, _INT32_MAX),
+        ("--wake-samples", wake_samples, _INT32_MAX),
+        ("--peer-batch", peer_batch, MAX_CONCURRENCY),
+        ("--claim-batch", claim_batch, MAX_CONCURRENCY),
+        ("--peer-max-in-flight", peer_max_in_flight, 2 * MAX_CONCURRENCY),
+    ):
+        int_in_range(option, value, 1, high)
     options = b.BenchOptions(
         jobs=jobs,
         procs=b.parse_int_list(procs, "--procs"),
@@ -340,15 +402,17 @@ def bench(
         if out is not None and not out.parent.is_dir():
             raise InvalidArgument(f"{out}: the folder {out.parent} does not exist")
     target = _dsn(_settings(), dsn)
-    report = b.run(target, options, progress=lambda msg: err_console.print(msg, highlight=False))
+    report = b.run(
+        target, options, progress=lambda msg: err_console.print(msg, markup=False, highlight=False)
+    )
     for table in b.render(report):
         console.print(table)
     if json_out is not None:
         json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        err_console.print(f"wrote {json_out}")
+        err_console.print(f"wrote {json_out}", markup=False)
     if plot is not None:
         if b.plot(report, plot):
-            err_console.print(f"wrote {plot}")
+            err_console.print(f"wrote {plot}", markup=False)
         else:
             err_console.print(
                 "matplotlib is not installed (pip install 'pgqueue[bench]'); no chart",
@@ -377,11 +441,14 @@ def simulate(
         float, typer.Option(help="Share of urgent jobs, above 0 and below 1.")
     ] = 0.1,
     rate: Annotated[float, typer.Option(help="Jobs offered per second, at least 1.")] = 150.0,
-    workers: Annotated[int, typer.Option(min=1, help="Jobs in flight (worker slots).")] = 24,
+    workers: Annotated[
+        int, typer.Option(help=f"Jobs in flight (worker slots), 1 to {MAX_CONCURRENCY}.")
+    ] = 24,
     normal_cap: Annotated[
-        int, typer.Option(min=0, help="Cap of queued normal jobs (the shared queue's, in fifo).")
+        int,
+        typer.Option(help="Cap of queued normal jobs (the shared queue's, in fifo), 0 to 2^63-1."),
     ] = 40,
-    urgent_cap: Annotated[int, typer.Option(min=0, help="Cap of queued urgent jobs.")] = 20,
+    urgent_cap: Annotated[int, typer.Option(help="Cap of queued urgent jobs, 0 to 2^63-1.")] = 20,
     seed: int = 42,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     plot: Annotated[
@@ -397,6 +464,9 @@ def simulate(
     from pgqueue.simulate import SimulateOptions, report, run_simulation
     from pgqueue.simulate import plot as draw
 
+    int_in_range("--workers", workers, 1, MAX_CONCURRENCY)
+    int_in_range("--normal-cap", normal_cap, 0, _INT64_MAX)
+    int_in_range("--urgent-cap", urgent_cap, 0, _INT64_MAX)
     finite_in_range("--duration", duration, 1.0, _MAX_SECONDS)
     finite_in_range("--urgent-share", urgent_share, 0.0, 1.0, low_open=True, high_open=True)
     finite_in_range("--rate", rate, 1.0)

@@ -1,7 +1,10 @@
 """Read-only summaries of the queue (``pgqueue status``) and of a run (demo, replay).
 
 Collectors return plain dicts (JSON-ready); renderers turn them into rich tables. Latencies are
-enqueue-to-finish, in seconds, from the database clock.
+enqueue-to-finish, in seconds, from the database clock. Every string from the database (tenant
+ids, tiers, reasons) goes into a table as :class:`~rich.text.Text`, never as a str, which rich
+reads as markup: a tenant named ``[/oops]`` raised MarkupError, ``[bold]x[/bold]`` showed as
+a bold "x" (found by a tester).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 import psycopg
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from pgqueue.db import queries
 from pgqueue.models import Tier
@@ -83,7 +87,7 @@ def render_run_report(report: dict[str, Any], console: Console, title: str = "Ru
         tiers.add_column(col, justify="right" if col != "tier" else "left")
     for r in report["tiers"]:
         tiers.add_row(
-            r["tier"],
+            Text(r["tier"]),
             str(r["jobs"]),
             str(r["succeeded"]),
             str(r["failed"]),
@@ -96,7 +100,7 @@ def render_run_report(report: dict[str, Any], console: Console, title: str = "Ru
         tenants.add_column(col, justify="right" if col != "tenant" else "left")
     for r in sorted(report["tenants"], key=lambda r: r["tenant_id"]):
         tenants.add_row(
-            r["tenant_id"],
+            Text(r["tenant_id"]),
             str(r["succeeded"]),
             str(r["failed"]),
             f"{r['input_tokens']:,}",
@@ -133,7 +137,7 @@ def _render_latency(status: dict[str, Any], console: Console) -> None:
             r["meets_slo"], "[dim]no data[/dim]"
         )
         table.add_row(
-            tier,
+            Text(tier),
             str(r["finished"]),
             _fmt_seconds(r["p50_seconds"]),
             _fmt_seconds(r["p95_seconds"]),
@@ -158,7 +162,7 @@ def _render_demotions(status: dict[str, Any], console: Console) -> None:
     for col in ("tenant", "reason", "expires in s"):
         table.add_column(col)
     for r in status["demotions"]:
-        table.add_row(r["tenant_id"], r["reason"], f"{r['expires_in_seconds']:.0f}")
+        table.add_row(Text(r["tenant_id"]), Text(r["reason"]), f"{r['expires_in_seconds']:.0f}")
     console.print(table)
 
 
@@ -169,7 +173,7 @@ def render_status(status: dict[str, Any], console: Console) -> None:
         depth.add_column(col, justify="right" if col != "tier" else "left")
     for tier, counts in status["depth"].items():
         depth.add_row(
-            tier,
+            Text(tier),
             str(counts.get("queued", 0)),
             str(counts.get("running", 0)),
             _fmt_seconds(status["oldest_queued_seconds"].get(tier)),
@@ -181,7 +185,7 @@ def render_status(status: dict[str, Any], console: Console) -> None:
         tenants.add_column(col, justify="right" if col != "tenant" else "left")
     for r in status["top_tenants"]:
         tenants.add_row(
-            r["tenant_id"],
+            Text(r["tenant_id"]),
             str(r["queued"]),
             str(r["running"]),
             str(r["succeeded"]),
@@ -192,4 +196,7 @@ def render_status(status: dict[str, Any], console: Console) -> None:
     _render_demotions(status, console)
     throttled = status["throttles_last_minute"]
     total = sum(throttled.values())
-    console.print(f"429/529 in the last minute: {total}" + (f" {throttled}" if throttled else ""))
+    console.print(  # markup=False: the dict holds tenant ids
+        f"429/529 in the last minute: {total}" + (f" {throttled}" if throttled else ""),
+        markup=False,
+    )

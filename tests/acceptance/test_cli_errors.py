@@ -545,3 +545,305 @@ def test_a_missing_privilege_is_the_environment(server_dsn, db_dsn):
     finally:
         with psycopg.connect(server_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+# Found by a fresh tester: rich markup in stored names, text that is not UTF-8 in arguments,
+# huge integers, `cancel -5`, and tiers in upper case.
+
+
+def test_stored_names_are_shown_as_they_are(db_dsn, monkeypatch):
+    """Tenant ids, models and demotion reasons are text, not rich markup: a tenant named
+    `[/oops]` made `status`, `status --watch` and `tenants list` fail with a MarkupError
+    traceback, a model `[/x]` made `limits list` fail, and `[bold]x[/bold]` showed as a bold
+    "x"."""
+    import time
+
+    from pgqueue.cli import console
+
+    odd = ["[/oops]", "[bold]x[/bold]"]
+    for name in odd:
+        assert run("tenants", "set", name, "--dsn", db_dsn).exit_code == 0
+        assert run("enqueue", name, "--prompt", "hi", "--dsn", db_dsn).exit_code == 0
+        assert run("limits", "set", name, "--dsn", db_dsn).exit_code == 0
+    with psycopg.connect(db_dsn) as conn:
+        conn.execute(
+            "INSERT INTO pgqueue.demotions (tenant_id, reason, expires_at)"
+            " VALUES ('[/oops]', '[red]over budget[/x]', now() + interval '1 hour')"
+        )
+        conn.execute(
+            "INSERT INTO pgqueue.throttle_events (tenant_id, status_code)"
+            " VALUES ('[bold]x[/bold]', 429)"
+        )
+    monkeypatch.setattr(console, "width", 200)  # no cell cut short
+
+    def interrupt(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(time, "sleep", interrupt)  # `status --watch`: one frame, then Ctrl-C
+    for command in (
+        ["status"],
+        ["status", "--watch", "1"],
+        ["tenants", "list"],
+        ["limits", "list"],
+    ):
+        result = run(*command, "--dsn", db_dsn)
+        assert result.exit_code == 0, (command, result.stderr)
+        for name in odd:
+            assert name in result.stdout, (command, name, result.stdout)
+        if command[0] == "status":
+            assert "[red]over budget[/x]" in result.stdout, command
+            assert "{'[bold]x[/bold]': 1}" in result.stdout, command
+
+
+def test_arguments_that_are_not_utf8_are_one_line(monkeypatch):
+    """Bytes that are not UTF-8 on the command line (`--tenant $'\\xff'`) reach Python as lone
+    surrogates: `retry --tenant`, `retry --reason`, `limits set MODEL` and any `--dsn` printed
+    a UnicodeEncodeError traceback, exit 1. Now one line naming the argument, exit 2, before
+    any connection (the DSN here reaches nothing)."""
+    bad = "\udcff"
+    cases = [
+        (["retry", "--tenant", bad], "--tenant"),
+        (["retry", "--reason", bad], "--reason"),
+        (["limits", "set", bad], "argument model"),
+        (["enqueue", bad, "--prompt", "x"], "argument tenant"),
+        (["enqueue", "a", "--prompt", bad], "--prompt"),
+        (["cancel", "--all-queued", "--tenant", bad], "--tenant"),
+    ]
+    for command, name in cases:
+        result = run(*command, "--dsn", _UNREACHABLE)
+        assert result.exit_code == 2, (command, result.stderr)
+        assert _lines(result) == [f"InvalidArgument: {name} is not valid UTF-8 text"], command
+    for command in (["status"], ["tenants", "list"], ["migrate"], ["retry", "--all"], ["work"]):
+        result = run(*command, "--dsn", bad)
+        assert result.exit_code == 2, (command, result.stderr)
+        assert _lines(result) == ["InvalidArgument: --dsn is not valid UTF-8 text"], command
+    # The same bytes from the environment: one line too.
+    monkeypatch.setenv("PGQUEUE_DSN", bad)
+    result = run("status")
+    assert result.exit_code == 2, result.stderr
+    assert len(_lines(result)) == 1
+    assert _lines(result)[0].startswith("InvalidArgument: text that is not valid UTF-8: ")
+
+
+#: Every int option: the command, the option, its range as the message gives it, and values
+#: outside it. (`--seed`s take any int: they only seed random.Random; `cancel JOB_ID` is
+#: checked by pgqueue.cancel, test_cancel_takes_a_negative_id.)
+_INT_OPTIONS = [
+    (["enqueue", "a", "--prompt", "x"], "--max-tokens", "1 to 2^31-1", ["0", "2147483648"]),
+    (["tenants", "list"], "--limit", "1 to 2^63-1", ["0", "9223372036854775808"]),
+    (["tenants", "set", "a"], "--daily-budget", f"0 to {2**62}", ["-1", str(2**62 + 1)]),
+    (
+        ["admission", "set", "standard"],
+        "--max-queued",
+        "0 to 2^63-1",
+        ["-1", "9223372036854775808", "99999999999999999999"],
+    ),
+    (
+        ["admission", "set", "standard"],
+        "--tenant-max-queued",
+        "0 to 2^63-1",
+        ["-1", "9223372036854775808"],
+    ),
+    (["work"], "--concurrency", "1 to 10000", ["0", "10001", "99999999999"]),
+    (["work"], "--metrics-port", "1 to 65535", ["0", "65536"]),
+    (["work"], "--claim-batch", "1 to 10000", ["0", "10001"]),
+    (["metrics"], "--port", "1 to 65535", ["0", "65536"]),
+    (["metrics"], "--top-tenants", "1 to 10000", ["0", "10001"]),
+    (["sandbox"], "--port", "1 to 65535", ["0", "65536"]),
+    (["sandbox"], "--rpm", "1 to 1000000000", ["0", "1000000001"]),
+    (["sandbox"], "--itpm", "1 to 1000000000000", ["0", "1000000000001"]),
+    (["sandbox"], "--otpm", "1 to 1000000000000", ["0", "1000000000001"]),
+    (["sandbox"], "--fail-first-n", "0 to 1000000", ["-1", "1000001"]),
+    (["sandbox"], "--fail-status", "400 to 599", ["399", "600"]),
+    (["replay"], "--limit", "1 to 2^63-1", ["0", "9223372036854775808"]),
+    (["replay"], "--tenants", "1 to 10000", ["0", "10001"]),
+    (["replay"], "--concurrency", "1 to 10000", ["0", "10001"]),
+    (["demo"], "--requests", "1 to 2^63-1", ["0", "9223372036854775808"]),
+    (["demo"], "--concurrency", "1 to 10000", ["0", "10001"]),
+    (["bench"], "--jobs", "1 to 2^31-1", ["0", "2147483648"]),
+    (["bench"], "--concurrency", "1 to 10000", ["0", "10001"]),
+    (["bench"], "--repeats", "1 to 2^31-1", ["0", "2147483648"]),
+    (["bench"], "--single-jobs", "1 to 2^31-1", ["0", "2147483648"]),
+    (["bench"], "--bulk-jobs", "1 to 2^31-1", ["0", "2147483648"]),
+    (["bench"], "--batch", "1 to 2^31-1", ["0", "2147483648"]),
+    (["bench"], "--wake-samples", "1 to 2^31-1", ["0", "2147483648"]),
+    (["bench"], "--peer-batch", "1 to 10000", ["0", "10001"]),
+    (["bench"], "--claim-batch", "1 to 10000", ["0", "10001"]),
+    (["bench"], "--peer-max-in-flight", "1 to 20000", ["0", "20001"]),
+    (["simulate"], "--workers", "1 to 10000", ["0", "10001"]),
+    (["simulate"], "--normal-cap", "0 to 2^63-1", ["-1", "9223372036854775808"]),
+    (["simulate"], "--urgent-cap", "0 to 2^63-1", ["-1", "9223372036854775808"]),
+]
+
+
+def test_every_int_option_is_bounded_in_one_line(monkeypatch):
+    """`admission set --max-queued 99999999999999999999` (or `--tenant-max-queued
+    9223372036854775808`) reached the database as numeric and `work --concurrency 99999999999`
+    as bigint: no pgqueue function takes those, and the 42883 read "SchemaOutOfDate ... run
+    `pgqueue migrate`", exit 1. Every int option now has an upper bound, checked before any
+    connection (the DSN here reaches nothing): one typed line, exit 2."""
+    import prometheus_client
+
+    import pgqueue.bench
+    import pgqueue.sandbox
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("started")
+
+    monkeypatch.setattr(prometheus_client, "start_http_server", must_not_run)
+    monkeypatch.setattr(pgqueue.sandbox, "serve", must_not_run)
+    monkeypatch.setattr(pgqueue.bench, "run", must_not_run)
+    for command, option, bounds, outside in _INT_OPTIONS:
+        dsn = [] if command == ["sandbox"] else ["--dsn", _UNREACHABLE]
+        for value in outside:
+            result = run(*command, option, value, *dsn)
+            assert result.exit_code == 2, (command, option, value, result.stderr)
+            assert _lines(result) == [
+                f"InvalidArgument: {option} must be an integer from {bounds}, got {value}"
+            ], (command, option, value)
+
+
+def test_no_int_option_is_left_to_typer():
+    """Every int option of every command is in the list above (bar the seeds and cancel's job
+    id), and none has typer's min/max, which answers in a box of several lines."""
+    import inspect
+    import typing
+
+    exempt = {
+        ("sandbox", "--seed"),
+        ("replay", "--seed"),
+        ("simulate", "--seed"),
+        ("cancel", "--job-id"),
+    }
+    names = {"tenants": "tenants_", "admission": "admission_", "limits": "limits_"}
+    checked = {
+        (names.get(command[0], "") + (command[1] if command[0] in names else command[0]), option)
+        for command, option, _, _ in _INT_OPTIONS
+    }
+
+    def callbacks(typer_app):
+        for command in typer_app.registered_commands:
+            yield inspect.unwrap(command.callback)
+        for group in typer_app.registered_groups:
+            yield from callbacks(group.typer_instance)
+
+    found = set()
+    for fn in callbacks(app):
+        for name, hint in typing.get_type_hints(fn, include_extras=True).items():
+            base, *meta = (
+                typing.get_args(hint) if typing.get_origin(hint) is typing.Annotated else (hint,)
+            )
+            if int not in (base, *typing.get_args(base)):
+                continue
+            option = "--" + name.replace("_", "-")
+            found.add((fn.__name__, option))
+            for info in meta:
+                assert (info.min, info.max) == (None, None), (fn.__name__, option)
+    assert found - exempt == checked
+
+
+def test_a_number_beyond_64_bits_is_never_a_missing_schema(db_dsn, capsys):
+    """Behind the bounds: an int beyond 64 bits that reaches a pgqueue function anyway is sent
+    as numeric, and the 42883 it gets is bad input, not SchemaOutOfDate; the library refuses
+    such caps before any statement."""
+    import typer
+
+    from pgqueue.admission import set_admission
+    from pgqueue.cli import cli_errors
+    from pgqueue.errors import InvalidArgument, SchemaOutOfDate, from_sqlstate
+
+    for kwargs in ({"max_queued": 2**63}, {"tenant_max_queued": 10**20}):
+        with (
+            psycopg.connect(db_dsn) as conn,
+            pytest.raises(InvalidArgument, match=r"from 0 to 2\^63-1 or None"),
+        ):
+            set_admission(conn, "standard", **kwargs)
+
+    @cli_errors
+    def huge_cap() -> None:
+        with psycopg.connect(db_dsn) as conn:
+            conn.execute("SELECT pgqueue.admission_set('standard', %s, NULL, 'reject')", (10**20,))
+
+    with pytest.raises(typer.Exit) as exit_:
+        huge_cap()
+    assert exit_.value.exit_code == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith("InvalidArgument: a number is out of range")
+    message = "function pgqueue.admission_set(unknown, numeric, unknown, unknown) does not exist"
+    assert isinstance(from_sqlstate("42883", message), InvalidArgument)
+    missing = "function pgqueue.admission_set(unknown, bigint, unknown, unknown) does not exist"
+    assert isinstance(from_sqlstate("42883", missing), SchemaOutOfDate)
+    with psycopg.connect(db_dsn) as conn:
+        caps = conn.execute("SELECT max_queued, tenant_max_queued FROM pgqueue.admission")
+        assert caps.fetchall() == [(None, None)] * 3
+
+
+def test_cancel_takes_a_negative_id(db_dsn):
+    """`pgqueue cancel -5` said "No such option: -5" in typer's box: click read it as an
+    option. It is the job id, refused in one line like 0."""
+    for value in ("-5", "0"):
+        result = run("cancel", value, "--dsn", db_dsn)
+        assert result.exit_code == 2, (value, result.stderr)
+        assert _lines(result) == [
+            f"InvalidArgument: job_id must be an integer from 1 to 2^63-1, got {value}"
+        ]
+    # An option still takes a value that starts with "-".
+    result = run("cancel", "--all-queued", "--tenant", "a", "--reason", "-5", "--dsn", db_dsn)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == "cancelled 0 queued job(s) of tenant 'a'"
+
+
+def test_tiers_take_any_case_and_retry_checks_the_tenant(db_dsn):
+    """`--plan PRO` was taken but `--tier BATCH` refused by `cancel --all-queued` and `retry`
+    (and `admission set BATCH`); `retry --tenant ''` matched nothing and said "re-queued 0"
+    where `cancel` refuses an empty tenant id."""
+    import pgqueue
+    from pgqueue.admin import requeue_failed
+
+    with psycopg.connect(db_dsn) as conn:
+        for _ in range(3):
+            pgqueue.enqueue(conn, tenant_id="a", origin="batch_job", payload={}, kind="k")
+        conn.execute(
+            "UPDATE pgqueue.jobs SET state = 'failed', finished_at = now()"
+            " WHERE id = (SELECT min(id) FROM pgqueue.jobs)"
+        )
+    result = run("retry", "--tier", "BATCH", "--dsn", db_dsn)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == "re-queued 1 failed job(s)"
+    result = run("cancel", "--all-queued", "--tenant", "a", "--tier", " Batch ", "--dsn", db_dsn)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == "cancelled 3 queued job(s) of tenant 'a'"
+    result = run("admission", "set", "BATCH", "--policy", "DROP", "--dsn", db_dsn)
+    assert result.exit_code == 0, result.stderr
+    with psycopg.connect(db_dsn) as conn:
+        assert requeue_failed(conn, tier="STANDARD") == []
+        policy = conn.execute("SELECT policy FROM pgqueue.admission WHERE tier = 'batch'")
+        assert policy.fetchone() == ("drop",)
+    for command in (["retry", "--tier"], ["cancel", "--all-queued", "--tenant", "a", "--tier"]):
+        result = run(*command, "urgent", "--dsn", db_dsn)
+        assert result.exit_code == 2, (command, result.stderr)
+        assert _lines(result) == [
+            "InvalidArgument: unknown tier 'urgent'; expected critical, standard or batch"
+        ]
+    expected = {
+        "": "InvalidTenant: tenant_id must be a string of 1 to 128 characters, got ''",
+        "t" * 200: "InvalidTenant: tenant_id must be a string of 1 to 128 characters, got one "
+        f"of 200 characters: '{'t' * 40}'…",
+    }
+    for tenant, line in expected.items():
+        result = run("retry", "--tenant", tenant, "--dsn", _UNREACHABLE)
+        assert result.exit_code == 2, result.stderr
+        assert _lines(result) == [line]
+
+
+def test_invalid_settings_are_one_line(monkeypatch):
+    """A bad PGQUEUE_* setting printed pydantic's error: three lines each, and a link."""
+    monkeypatch.setenv("PGQUEUE_POLL_INTERVAL_SECONDS", "inf")
+    monkeypatch.setenv("PGQUEUE_CONCURRENCY", "many")
+    result = run("status", "--dsn", _UNREACHABLE)
+    assert result.exit_code == 2, result.stderr
+    assert _lines(result) == [
+        "invalid settings: concurrency: Input should be a valid integer, unable to parse string "
+        "as an integer (got 'many'); poll_interval_seconds: Input should be a finite number "
+        "(got 'inf')"
+    ]
