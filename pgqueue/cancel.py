@@ -70,7 +70,8 @@ def cancel(
         job_id: the id :func:`pgqueue.enqueue` returned.
         tenant_id: when given, only that tenant's job (a job of another tenant is reported as
             unknown, so ids cannot be probed across tenants). A session that sets
-            ``pgqueue.tenant_id`` only ever reaches its own tenant's jobs.
+            ``pgqueue.tenant_id`` only ever reaches its own tenant's jobs; a producer session
+            (role ``pgqueue_producer``, see ``pgqueue grant``) must set it.
         reason: optional, 1 to 1,000 characters, stored in ``last_error`` as
             ``cancelled: <reason>`` (``cancelled`` without one).
 
@@ -82,7 +83,11 @@ def cancel(
         UnknownJob: no such job (for that tenant); the caller's transaction is aborted, as
             with any database error (use a savepoint to keep it).
         InvalidArgument, InvalidTenant, NulCharacter: bad arguments, before any statement.
+        psycopg.errors.InsufficientPrivilege: a producer session without ``pgqueue.tenant_id``.
         SchemaOutOfDate: the database predates revision 0024 (run ``pgqueue migrate``).
+
+    The row stays locked until the caller's transaction ends; workers go on with their other
+    jobs meanwhile (they skip a held row and write its outcome on its own).
     """
     params = _params(job_id, tenant_id, reason)
     if _is_async(conn):
@@ -129,20 +134,21 @@ def cancel_queued(
 ) -> int | Awaitable[int]:
     """Cancel every queued job of ``tenant_id`` (of one ``tier``, when given), in the caller's
     transaction; return how many. Running jobs are left to finish (:func:`cancel` them one by
-    one). A job a claim holds at that moment is waited for and, once claimed, left alone.
+    one). A row another transaction holds at that moment (a claim taking it) is skipped, not
+    waited for.
 
     Args:
         conn: as for :func:`pgqueue.enqueue`; an async one makes this return an awaitable.
         tenant_id: 1 to 128 characters. A session that sets ``pgqueue.tenant_id`` may only
-            name that tenant.
+            name that tenant; a producer session must set it.
         tier: ``critical`` | ``standard`` | ``batch``, or None for all three.
         reason: as for :func:`cancel`.
 
     Raises:
         InvalidTenant, InvalidArgument, NulCharacter: bad arguments (an unknown tier too),
             before any statement.
-        psycopg.errors.InsufficientPrivilege: another tenant than the session's scope (the
-            caller's transaction is aborted).
+        psycopg.errors.InsufficientPrivilege: another tenant than the session's scope, or a
+            producer session without one (the caller's transaction is aborted).
         SchemaOutOfDate: the database predates revision 0024 (run ``pgqueue migrate``).
     """
     checked = _check_text(tenant_id, "tenant_id", MAX_TENANT_ID_CHARS, InvalidTenant)

@@ -54,7 +54,7 @@ def grant(dsn: DsnOption = None) -> None:
     with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
         queries.run(conn, "security_grant")
     console.print(
-        "granted: pgqueue_producer (enqueue, reads its tenant's jobs), pgqueue_worker, "
+        "granted: pgqueue_producer (enqueue, cancel and read its tenant's jobs), pgqueue_worker, "
         "pgqueue_admin; row-level security on pgqueue.jobs and pgqueue.usage_daily"
     )
 

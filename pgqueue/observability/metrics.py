@@ -108,6 +108,8 @@ def count_outcome(outcome: Outcome, state: str | None) -> None:
     """
     if state is None:
         name = "lease_lost"
+    elif state == "cancelled":  # cancelled while it ran: its outcome found no row to write
+        name = "cancelled"
     elif state == "failed" and isinstance(outcome, Succeeded):
         name = "failed"
     else:

@@ -49,17 +49,20 @@ async def extend(
     return {r["id"] for r in rows}
 
 
-async def cancelled_among(pool: AsyncConnectionPool[Any], ids: list[int]) -> set[int]:
-    """Of ``ids`` (jobs whose lease a heartbeat no longer found), those cancelled
-    (``pgqueue.cancel``); an empty set on a database error (logged; the next heartbeat asks
-    again)."""
+async def lease_states(
+    pool: AsyncConnectionPool[Any], ids: list[int]
+) -> dict[int, tuple[str, str | None]] | None:
+    """The committed ``(state, lease_token)`` of the jobs ``ids``, read without a lock: what
+    the heartbeat asks about the leases it could not extend (cancelled, held by another
+    transaction, or lost). Jobs no longer stored are missing; None on a database error
+    (logged; the next heartbeat asks again)."""
     try:
         async with pool.connection() as conn:
-            rows = await queries.arun(conn, "job_cancelled_among", {"ids": ids})
+            rows = await queries.arun(conn, "job_lease_states", {"ids": ids})
     except psycopg.Error as exc:
-        log.warning("could not check for cancelled jobs (%s); will retry", exc)
-        return set()
-    return {r["id"] for r in rows}
+        log.warning("could not read the state of jobs whose lease was not extended (%s)", exc)
+        return None
+    return {r["id"]: (r["state"], r["lease_token"]) for r in rows}
 
 
 async def rescue(pool: AsyncConnectionPool[Any], limit: int = 1000) -> list[dict[str, Any]]:

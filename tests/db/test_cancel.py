@@ -197,3 +197,24 @@ def test_cancel_queued_checks_its_arguments_and_the_sessions_scope(conn: Conn) -
         pgqueue.cancel_queued(conn, "acme")
     conn.rollback()
     assert _row(conn, job_id)["state"] == "queued"
+
+
+def test_cancel_queued_skips_rows_another_transaction_holds(db_dsn: str, auto: Conn) -> None:
+    """A row another transaction holds (a claim taking it) is skipped, not waited for: waiting,
+    cancel_queued kept the lock on such a row until the caller's transaction ended, though the
+    row was then running, and the worker's batched completion waited on it (found by a
+    tester: a cancel_queued held open stopped a worker for every tenant)."""
+    jobs = [_enqueue(auto, "acme") for _ in range(4)]
+    with psycopg.connect(db_dsn) as holder:
+        holder.execute("SET statement_timeout = '10s'")
+        holder.execute("SELECT 1 FROM pgqueue.jobs WHERE id = %s FOR UPDATE", (jobs[0],))
+        with psycopg.connect(db_dsn) as caller:
+            caller.execute("SET statement_timeout = '5s'")  # a wait would fail the test
+            assert pgqueue.cancel_queued(caller, "acme") == 3
+            held: Any = caller.execute(
+                "SELECT id FROM pgqueue.jobs WHERE id = %s FOR UPDATE NOWAIT", (jobs[1],)
+            ).fetchone()
+            assert held == (jobs[1],)  # the caller holds the rows it cancelled
+            caller.commit()
+        holder.rollback()
+    assert [_row(auto, j)["state"] for j in jobs] == ["queued"] + ["cancelled"] * 3

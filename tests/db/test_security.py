@@ -125,6 +125,12 @@ def test_producer_cancels_only_its_tenants_jobs(db_dsn, roles):
         b_job = pgqueue.enqueue(owner, tenant_id="b", origin="user_action", payload=PAYLOAD)
         a_job = pgqueue.enqueue(owner, tenant_id="a", origin="user_action", payload=PAYLOAD)
     with psycopg.connect(roles["producer"], autocommit=True) as conn:
+        # without a tenant scope a producer reads no job (row-level security), and cancels
+        # none (found by a tester: it could cancel any tenant's job, and probe their states)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match=r"pgqueue\.tenant_id"):
+            pgqueue.cancel(conn, b_job)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match=r"pgqueue\.tenant_id"):
+            pgqueue.cancel_queued(conn, "b")
         conn.execute("SET pgqueue.tenant_id = 'a'")
         with pytest.raises(pgqueue.UnknownJob):
             pgqueue.cancel(conn, b_job)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import psycopg
 import pytest
@@ -81,3 +82,28 @@ async def test_a_burst_worker_leaves_the_jobs_it_cannot_run_and_exits(
         ("pgqueue.noop", "succeeded"),
         ("no.such.kind", "queued"),
     ]
+
+
+@pytest.mark.timeout(120)
+async def test_the_burst_exit_names_only_the_kinds_left_queued(
+    db_dsn: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by a tester: a burst worker without an API key always warned at exit that
+    anthropic.messages jobs "stay queued", with none queued. It names the kinds still queued,
+    and says nothing when none is."""
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("PGQUEUE_ANTHROPIC_API_KEY_FILE", raising=False)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        pgqueue.enqueue_many(conn, [JobSpec("t", "scheduled", {"n": 1}, kind="pgqueue.noop")])
+    caplog.set_level(logging.WARNING, logger="pgqueue.worker")
+    worker = Worker(db_dsn, Settings(poll_interval_seconds=0.1), concurrency=2, burst=True)
+    await asyncio.wait_for(worker.run(install_signal_handlers=False), 50)
+    assert not [r for r in caplog.records if "stay queued" in r.getMessage()]
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        pgqueue.enqueue_many(conn, [JobSpec("t", "scheduled", {"n": 2}, kind="no.such.kind")])
+    caplog.clear()
+    worker = Worker(db_dsn, Settings(poll_interval_seconds=0.1), concurrency=2, burst=True)
+    await asyncio.wait_for(worker.run(install_signal_handlers=False), 50)
+    said = [r.getMessage() for r in caplog.records if "stay queued" in r.getMessage()]
+    assert len(said) == 1 and "no.such.kind" in said[0] and "anthropic" not in said[0], said

@@ -59,3 +59,107 @@ async def test_a_running_job_cancelled_stops_its_handler_and_frees_its_slot(db_d
         ).fetchone()
     assert states == {held: "cancelled", quick_id: "succeeded"}
     assert last_error == ("cancelled: test",)
+
+
+async def _succeeded(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row: Any = conn.execute(
+            "SELECT count(*) FROM pgqueue.jobs WHERE state = 'succeeded'"
+        ).fetchone()
+    return int(row[0])
+
+
+@pytest.mark.timeout(90)
+async def test_a_cancel_held_open_does_not_stop_the_other_completions(db_dsn: str) -> None:
+    """Found by a tester: `BEGIN; SELECT pgqueue.cancel(J); ...` held open while J's handler
+    finished stopped the worker for every tenant: J's success went into the batched
+    completion, which waited on J's row. Now the batch skips the held row and J's success is
+    written on its own; once the cancel commits, J counts as cancelled, not as a lost lease."""
+    registry = Registry()
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @registry.handler("test.gate")
+    async def gate(job: Job) -> dict[str, Any]:
+        started.set()
+        await release.wait()
+        return {}
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        [held] = pgqueue.enqueue_many(conn, [JobSpec("a", "scheduled", {}, kind="test.gate")])
+    assert held is not None
+    settings = Settings(heartbeat_seconds=0.2, poll_interval_seconds=0.2)
+    worker = Worker(db_dsn, settings, registry, concurrency=4)
+    run = asyncio.create_task(worker.run(install_signal_handlers=False))
+    try:
+        await asyncio.wait_for(started.wait(), 20)
+        async with await psycopg.AsyncConnection.connect(db_dsn) as canceller:
+            await canceller.execute("SET statement_timeout = '30s'")
+            assert await pgqueue.cancel(canceller, held) == "cancelled"  # not committed yet
+            release.set()  # J's success now waits on its row
+            await asyncio.sleep(0.3)
+            with psycopg.connect(db_dsn, autocommit=True) as conn:
+                pgqueue.enqueue_many(
+                    conn,
+                    [JobSpec(f"t{i % 3}", "scheduled", {}, kind="pgqueue.noop") for i in range(30)],
+                )
+            for _ in range(100):
+                if await _succeeded(db_dsn) == 30:
+                    break
+                await asyncio.sleep(0.1)
+            assert await _succeeded(db_dsn) == 30, "the held cancel stopped the worker"
+            await canceller.commit()
+    finally:
+        worker.request_stop()
+        stats = await asyncio.wait_for(run, 30)
+    assert stats.outcomes["cancelled"] == 1, stats
+    assert stats.outcomes["lease_lost"] == 0 and stats.lost_leases == 0, stats
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        row: Any = conn.execute("SELECT state::text FROM pgqueue.jobs WHERE id = %s", (held,))
+        assert row.fetchone() == ("cancelled",)
+
+
+@pytest.mark.timeout(90)
+async def test_a_heartbeat_during_an_uncommitted_cancel_still_stops_the_handler(
+    db_dsn: str,
+) -> None:
+    """Found by a tester: a heartbeat that met the row held by an uncommitted cancel flagged
+    the job as lost for good, so once the cancel committed its handler was never stopped. Now
+    a held row with our lease still committed is asked about again at the next heartbeat."""
+    registry = Registry()
+    started = asyncio.Event()
+    stopped: list[int] = []
+
+    @registry.handler("test.hold")
+    async def hold(job: Job) -> dict[str, Any]:
+        started.set()
+        try:
+            await asyncio.sleep(45)
+        except asyncio.CancelledError:
+            stopped.append(job.id)
+            raise
+        return {}
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        [held] = pgqueue.enqueue_many(conn, [JobSpec("a", "scheduled", {}, kind="test.hold")])
+    assert held is not None
+    settings = Settings(heartbeat_seconds=0.2, poll_interval_seconds=0.2)
+    worker = Worker(db_dsn, settings, registry, concurrency=2)
+    run = asyncio.create_task(worker.run(install_signal_handlers=False))
+    try:
+        await asyncio.wait_for(started.wait(), 20)
+        async with await psycopg.AsyncConnection.connect(db_dsn) as canceller:
+            await canceller.execute("SET statement_timeout = '30s'")
+            assert await pgqueue.cancel(canceller, held) == "cancelled"
+            await asyncio.sleep(1.2)  # several heartbeats meet the held row
+            assert stopped == [] and worker.stats.lost_leases == 0
+            await canceller.commit()
+        for _ in range(100):
+            if stopped:
+                break
+            await asyncio.sleep(0.1)
+        assert stopped == [held]
+    finally:
+        worker.request_stop()
+        stats = await asyncio.wait_for(run, 30)
+    assert stats.outcomes["cancelled"] == 1, stats
+    assert stats.lost_leases == 0, stats

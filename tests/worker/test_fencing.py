@@ -237,22 +237,36 @@ def test_deferred_job_returns_later_without_using_an_attempt(db_dsn: str) -> Non
     assert 55 < float(delay) <= 60
 
 
-def _complete_batch_in_thread(db_dsn: str, claimed: dict[str, Any], owner: str) -> Any:
-    """Start a batched completion of ``claimed`` (as the completer sends it) on its own
-    connection and thread; returns (thread, results list)."""
-    import threading
-
+def _complete_batch(db_dsn: str, claimed: dict[str, Any], owner: str) -> list[Any]:
+    """A batched completion of ``claimed``, as the completer sends it, on its own connection."""
     from pgqueue.worker.completer import success_batch
+
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        batch = success_batch(
+            [(claimed["id"], TENANT, claimed["lease_token"], {"owner": owner}, 3, 4)]
+        )
+        return list(queries.run(c, "job_complete_many", batch))
+
+
+def _complete_alone_in_thread(db_dsn: str, claimed: dict[str, Any], owner: str) -> Any:
+    """The completer's write of one success on its own (job_complete), on its own connection
+    and thread; returns (thread, results list)."""
+    import threading
 
     out: list[Any] = []
 
     def run() -> None:
         try:
             with psycopg.connect(db_dsn, autocommit=True, application_name="blocked") as c:
-                batch = success_batch(
-                    [(claimed["id"], TENANT, claimed["lease_token"], {"owner": owner}, 3, 4)]
-                )
-                out.append(queries.run(c, "job_complete_many", batch))
+                key = {
+                    "id": claimed["id"],
+                    "tenant_id": TENANT,
+                    "lease_token": claimed["lease_token"],
+                    "result": Jsonb({"owner": owner}),
+                    "input_tokens": 3,
+                    "output_tokens": 4,
+                }
+                out.append(queries.run(c, "job_complete", key))
         except BaseException as exc:
             out.append(exc)
 
@@ -273,16 +287,17 @@ def _wait_until_blocked(conn: Conn) -> None:
         if row is not None and row[0] == 1:
             return
         time.sleep(0.02)
-    raise AssertionError("the batched completion never waited on the row lock")
+    raise AssertionError("the single write never waited on the row lock")
 
 
-def test_batched_completion_after_a_concurrent_heartbeat_records_the_success(
+def test_batched_completion_skips_a_held_row_and_the_single_write_records_it(
     auto: Conn, db_dsn: str
 ) -> None:
-    """A heartbeat committed between the batched completion's snapshot and its update makes
-    it re-read the row's newest version. The fence and the values are looked up by the job's
-    key, so the success and its result are still recorded (a version that found rows by TID
-    lost them: the newest version is another TID)."""
+    """A heartbeat of the same lease holds the row: the batched completion skips it at once
+    instead of waiting (one held row must not stop a whole batch: found by a tester, a cancel
+    held open in a user's transaction stopped a worker for every tenant). The completer then
+    writes that success on its own, which waits for the row, re-reads its newest version and
+    records the success and its values."""
     _enqueue(auto)
     claimed = _claim(auto, "worker-a")
     with psycopg.connect(db_dsn) as beat:  # the same worker's heartbeat, in flight
@@ -295,33 +310,36 @@ def test_batched_completion_after_a_concurrent_heartbeat_records_the_success(
             },
         )
         assert [r["id"] for r in held] == [claimed["id"]]
-        thread, out = _complete_batch_in_thread(db_dsn, claimed, "a")
+        assert _complete_batch(db_dsn, claimed, "a") == []  # no wait
+        thread, out = _complete_alone_in_thread(db_dsn, claimed, "a")
         _wait_until_blocked(auto)
         beat.commit()
     thread.join(timeout=10)
-    assert out == [[{"id": claimed["id"]}]]
+    assert out == [1]
     row = _row(auto, claimed["id"])
     assert row["state"] == "succeeded"
     assert row["result"] == {"owner": "a"}
     assert (row["input_tokens"], row["output_tokens"]) == (3, 4)
 
 
-def test_batched_completion_waiting_on_a_rescue_and_a_new_claim_is_fenced(
+def test_a_held_row_rescued_and_claimed_again_fences_the_single_write(
     auto: Conn, db_dsn: str
 ) -> None:
-    """Same race, but what commits in between is a rescue and a claim by another worker (a
-    new lease token): the stale success changes nothing."""
+    """Same race, but what commits meanwhile is a rescue and a claim by another worker (a new
+    lease token): the batch skipped the row, and the stale success written on its own changes
+    nothing."""
     _enqueue(auto)
     old = _claim(auto, "worker-a")
     _expire_lease(auto, old["id"])
     with psycopg.connect(db_dsn) as other:
         assert queries.run(other, "job_rescue", RESCUE) == [{"id": old["id"], "state": "queued"}]
-        thread, out = _complete_batch_in_thread(db_dsn, old, "a")
+        assert _complete_batch(db_dsn, old, "a") == []
+        thread, out = _complete_alone_in_thread(db_dsn, old, "a")
         _wait_until_blocked(auto)
         new = _claim(other, "worker-b")
         other.commit()
     thread.join(timeout=10)
-    assert out == [[]]
+    assert out == [0]
     row = _row(auto, old["id"])
     assert row["state"] == "running" and row["lease_token"] == new["lease_token"]
     assert row["result"] is None

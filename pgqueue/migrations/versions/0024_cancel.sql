@@ -1,4 +1,30 @@
--- Revision 0024: cancelling a job (pgqueue.cancel).
+-- Revision 0024: cancelling jobs (pgqueue.cancel, pgqueue.cancel_queued).
+
+-- Whether this session acts as a producer: its login role is a member of pgqueue_producer
+-- (`pgqueue grant`) and of neither pgqueue_worker nor pgqueue_admin. A producer reads only its
+-- tenant's jobs (row-level security on pgqueue.tenant_id), so it may cancel only those, and
+-- only with its scope set. Superusers count as members of every role: never producers.
+CREATE FUNCTION pgqueue.session_is_producer()
+RETURNS boolean
+LANGUAGE plpgsql
+STABLE
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'pgqueue_producer')
+       OR NOT pg_catalog.pg_has_role(session_user, 'pgqueue_producer', 'MEMBER') THEN
+        RETURN false;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'pgqueue_worker')
+       AND pg_catalog.pg_has_role(session_user, 'pgqueue_worker', 'MEMBER') THEN
+        RETURN false;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'pgqueue_admin')
+       AND pg_catalog.pg_has_role(session_user, 'pgqueue_admin', 'MEMBER') THEN
+        RETURN false;
+    END IF;
+    RETURN true;
+END
+$$;
 
 CREATE FUNCTION pgqueue.cancel(job_id bigint, tenant_id text DEFAULT NULL,
                                reason text DEFAULT NULL)
@@ -11,8 +37,9 @@ AS $$
 -- A running job loses its lease: its worker's outcome write is fenced off (dropped), and the
 -- worker stops its handler at its next heartbeat. The counters (queue_counts) follow through
 -- jobs_after_update; a DRR pair left without queued jobs leaves the round at its turn.
--- With `tenant_id`, only that tenant's job; a session that sets pgqueue.tenant_id (a
--- producer's tenant scope, see `pgqueue grant`) only ever reaches its own tenant's jobs.
+-- With `tenant_id`, only that tenant's job; a session that sets pgqueue.tenant_id only ever
+-- reaches its own tenant's jobs, and a producer session (pgqueue.session_is_producer) must
+-- set it (42501 otherwise), as row-level security shows it nothing else.
 -- Raises PQ011 when no such job is visible, PQ009 for a reason that is empty or longer than
 -- 1,000 characters.
 DECLARE
@@ -20,9 +47,20 @@ DECLARE
     found_state pgqueue.job_state;
     found_tenant text;
 BEGIN
+    IF cancel.job_id IS NULL THEN
+        RAISE EXCEPTION 'job_id must not be NULL' USING ERRCODE = 'PQ009';
+    END IF;
+    IF cancel.tenant_id IS NOT NULL
+       AND (cancel.tenant_id = '' OR char_length(cancel.tenant_id) > 128) THEN
+        RAISE EXCEPTION 'tenant_id must be 1 to 128 characters' USING ERRCODE = 'PQ006';
+    END IF;
     IF cancel.reason IS NOT NULL AND (cancel.reason = '' OR char_length(cancel.reason) > 1000)
     THEN
         RAISE EXCEPTION 'reason must be 1 to 1000 characters' USING ERRCODE = 'PQ009';
+    END IF;
+    IF scope IS NULL AND pgqueue.session_is_producer() THEN
+        RAISE EXCEPTION 'a producer session must set pgqueue.tenant_id to cancel its jobs'
+            USING ERRCODE = 'insufficient_privilege';
     END IF;
     -- Waits for a claim or an outcome write that holds the row, then sees what it wrote.
     SELECT j.state, j.tenant_id INTO found_state, found_tenant
@@ -58,8 +96,13 @@ AS $$
 #variable_conflict use_column
 -- Cancel every queued job of a tenant (of one tier, when given), e.g. a runaway tenant's
 -- backlog; returns how many. Running jobs are left to finish (cancel them one by one with
--- pgqueue.cancel). A job a claim holds at that moment is waited for and, claimed, skipped.
--- A session that sets pgqueue.tenant_id may only name that tenant (42501 otherwise).
+-- pgqueue.cancel). Rows another transaction holds at that moment (a claim taking them) are
+-- skipped, not waited for: waiting, this statement would keep the lock on each such row until
+-- the caller's transaction ends even though it is then running, and the worker's batched
+-- completion would wait on it (found by a tester: a cancel_queued held open in a transaction
+-- stopped a worker for every tenant).
+-- A session that sets pgqueue.tenant_id may only name that tenant, and a producer session
+-- (pgqueue.session_is_producer) must set it (42501 otherwise).
 -- Raises PQ006 for a tenant id that is empty or longer than 128 characters, PQ009 for a
 -- reason that is empty or longer than 1,000 characters.
 DECLARE
@@ -74,17 +117,27 @@ BEGIN
        AND (cancel_queued.reason = '' OR char_length(cancel_queued.reason) > 1000) THEN
         RAISE EXCEPTION 'reason must be 1 to 1000 characters' USING ERRCODE = 'PQ009';
     END IF;
+    IF scope IS NULL AND pgqueue.session_is_producer() THEN
+        RAISE EXCEPTION 'a producer session must set pgqueue.tenant_id to cancel its jobs'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
     IF scope IS NOT NULL AND scope <> cancel_queued.tenant_id THEN
         RAISE EXCEPTION 'this session may only cancel jobs of tenant %', quote_literal(scope)
             USING ERRCODE = 'insufficient_privilege';
     END IF;
+    WITH doomed AS (
+        SELECT j.ctid AS row_id
+        FROM pgqueue.jobs j
+        WHERE j.tenant_id = cancel_queued.tenant_id
+          AND j.state = 'queued'
+          AND (cancel_queued.tier IS NULL OR j.priority = cancel_queued.tier)
+        FOR UPDATE SKIP LOCKED
+    )
     UPDATE pgqueue.jobs j
     SET state = 'cancelled',
         finished_at = now(),
         last_error = 'cancelled' || coalesce(': ' || cancel_queued.reason, '')
-    WHERE j.tenant_id = cancel_queued.tenant_id
-      AND j.state = 'queued'
-      AND (cancel_queued.tier IS NULL OR j.priority = cancel_queued.tier);
+    WHERE j.ctid = ANY (ARRAY(SELECT d.row_id FROM doomed d));
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END

@@ -26,8 +26,8 @@ WHERE id = %(id)s AND tenant_id = %(tenant_id)s
   AND state = 'running' AND lease_token = %(lease_token)s::uuid
 
 -- name: job_complete_many :many
--- Fenced, batched: the successes of many jobs in one statement; returns the ids recorded
--- (a missing id lost its lease and its outcome is dropped). The batch is ONE jsonb object,
+-- Fenced, batched: the successes of many jobs in one statement; returns the ids recorded.
+-- The batch is ONE jsonb object,
 -- {"<id>": [tenant_id, lease_token, result, input_tokens, output_tokens], ...}
 -- (pgqueue.worker.completer.success_batch): building six typed arrays instead cost the worker
 -- ~6 us per job, this ~1. Each row reads its own entry by key (a binary search in the
@@ -35,9 +35,23 @@ WHERE id = %(id)s AND tenant_id = %(tenant_id)s
 -- batch instead, a young or small table got a hash join over every job whose
 -- jobs_running_lease_idx entry says running, dead entries included (nothing vacuums between
 -- claims): after a few thousand jobs each completion read thousands of them. `state::text`
--- keeps the planner off that partial index. A row changed after this statement's snapshot is
--- re-read at its newest version and checked again: a heartbeat of the same lease still
+-- keeps the planner off that partial index. A row another transaction holds is skipped, not
+-- waited for: the worker writes it on its own (job_complete), so one row held by a user's
+-- open transaction (a cancel not yet committed) does not stop the whole batch, and the
+-- worker's other completions with it (found by a tester: a cancel held open for 10 s stopped
+-- a worker for every tenant). A missing id either lost its lease or was held: the completer
+-- tells them apart by writing it alone. A row changed after this statement's snapshot is
+-- locked at its newest version and checked again: a heartbeat of the same lease still
 -- records the success, a rescue and a new claim (another lease token) does not.
+WITH held AS (  -- locked by this statement: their TIDs cannot change before the update
+    SELECT j.ctid AS row_id
+    FROM pgqueue.jobs j
+    WHERE j.id = ANY (ARRAY(SELECT k::bigint FROM jsonb_object_keys(%(batch)s::jsonb) AS k))
+      AND j.state::text = 'running'
+      AND j.tenant_id = %(batch)s::jsonb -> j.id::text ->> 0
+      AND j.lease_token = (%(batch)s::jsonb -> j.id::text ->> 1)::uuid
+    FOR UPDATE SKIP LOCKED
+)
 UPDATE pgqueue.jobs j
 SET state = 'succeeded',
     finished_at = now(),
@@ -46,10 +60,7 @@ SET state = 'succeeded',
     output_tokens = (%(batch)s::jsonb -> j.id::text ->> 4)::integer,
     last_error = NULL,
     lease_expires_at = NULL
-WHERE j.id = ANY (ARRAY(SELECT k::bigint FROM jsonb_object_keys(%(batch)s::jsonb) AS k))
-  AND j.state::text = 'running'
-  AND j.tenant_id = %(batch)s::jsonb -> j.id::text ->> 0
-  AND j.lease_token = (%(batch)s::jsonb -> j.id::text ->> 1)::uuid
+WHERE j.ctid = ANY (ARRAY(SELECT held.row_id FROM held))
 RETURNING j.id
 
 -- name: job_retry :one
@@ -169,6 +180,14 @@ SELECT extract(epoch FROM min(run_at) - now())::double precision AS seconds
 FROM pgqueue.jobs
 WHERE state = 'queued' AND kind <> ALL (%(skip_kinds)s::text[])
 
+-- name: job_queued_kinds :many
+-- Which of these kinds (text[]) still have queued jobs: what a burst worker that cannot run
+-- them leaves behind, said once at its exit. A scan of the queued jobs' index, at exit only.
+SELECT DISTINCT j.kind
+FROM pgqueue.jobs j
+WHERE j.state = 'queued' AND j.kind = ANY (%(kinds)s::text[])
+ORDER BY j.kind
+
 -- name: job_requeue_failed :many
 -- `pgqueue retry`: failed jobs matching every given filter go back to the queue with fresh
 -- counters; last_error is kept until the next attempt overwrites it.
@@ -217,8 +236,11 @@ SELECT pgqueue.cancel(%(job_id)s, %(tenant_id)s, %(reason)s) AS state
 -- revision 0024). Running jobs are left alone.
 SELECT pgqueue.cancel_queued(%(tenant_id)s, %(tier)s::pgqueue.tier, %(reason)s) AS cancelled
 
--- name: job_cancelled_among :many
--- Of these ids (jobs whose lease a worker's heartbeat no longer found), the ones cancelled:
--- their handlers stop. One probe of jobs_pkey per id.
-SELECT j.id FROM pgqueue.jobs j
-WHERE j.id = ANY (%(ids)s::bigint[]) AND j.state = 'cancelled'
+-- name: job_lease_states :many
+-- The committed state and lease token of these jobs (no lock, no wait): for the worker's
+-- heartbeat, which could not extend their leases (cancelled? merely locked by another
+-- transaction? or really lost), and for an outcome write that found no row (cancelled, or a
+-- lost lease). One probe of jobs_pkey per id.
+SELECT j.id, j.state::text AS state, j.lease_token::text AS lease_token
+FROM pgqueue.jobs j
+WHERE j.id = ANY (%(ids)s::bigint[])
