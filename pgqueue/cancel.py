@@ -91,22 +91,36 @@ def cancel(
     """
     params = _params(job_id, tenant_id, reason)
     if _is_async(conn):
-        return _cancel_async(conn, params)  # type: ignore[arg-type]
-    sync = _sync_conn(conn)  # type: ignore[arg-type]
+        return _as_text(_run_async(conn, "job_cancel", params), "state")  # type: ignore[arg-type]
+    return str(_run_sync(conn, "job_cancel", params)["state"])  # type: ignore[arg-type]
+
+
+def _run_sync(conn: SyncTarget, name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The one row of the named query on the caller's connection; database errors mapped to
+    pgqueue's (``UnknownJob`` and the rest, :func:`pgqueue.errors.from_sqlstate`)."""
     try:
-        row = queries.run(sync, "job_cancel", params)
+        row: dict[str, Any] = queries.run(_sync_conn(conn), name, params)
     except psycopg.Error as exc:
         raise _translate(exc) from exc
-    return str(row["state"])
+    return row
 
 
-async def _cancel_async(conn: AsyncTarget, params: dict[str, Any]) -> str:
+async def _run_async(conn: AsyncTarget, name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """:func:`_run_sync` on an async connection."""
     aconn = await _async_conn(conn)
     try:
-        row = await queries.arun(aconn, "job_cancel", params)
+        row: dict[str, Any] = await queries.arun(aconn, name, params)
     except psycopg.Error as exc:
         raise _translate(exc) from exc
-    return str(row["state"])
+    return row
+
+
+async def _as_text(row: Awaitable[dict[str, Any]], column: str) -> str:
+    return str((await row)[column])
+
+
+async def _as_int(row: Awaitable[dict[str, Any]], column: str) -> int:
+    return int((await row)[column])
 
 
 @overload
@@ -162,19 +176,6 @@ def cancel_queued(
         reason = _check_text(reason, "reason", MAX_REASON_CHARS, InvalidArgument)
     params = {"tenant_id": checked, "tier": tier_value, "reason": reason}
     if _is_async(conn):
-        return _cancel_queued_async(conn, params)  # type: ignore[arg-type]
-    sync = _sync_conn(conn)  # type: ignore[arg-type]
-    try:
-        row = queries.run(sync, "job_cancel_queued", params)
-    except psycopg.Error as exc:
-        raise _translate(exc) from exc
-    return int(row["cancelled"])
-
-
-async def _cancel_queued_async(conn: AsyncTarget, params: dict[str, Any]) -> int:
-    aconn = await _async_conn(conn)
-    try:
-        row = await queries.arun(aconn, "job_cancel_queued", params)
-    except psycopg.Error as exc:
-        raise _translate(exc) from exc
-    return int(row["cancelled"])
+        row = _run_async(conn, "job_cancel_queued", params)  # type: ignore[arg-type]
+        return _as_int(row, "cancelled")
+    return int(_run_sync(conn, "job_cancel_queued", params)["cancelled"])  # type: ignore[arg-type]
