@@ -43,8 +43,10 @@ limits_app = typer.Typer(help="The provider's rate limits per model, shared by a
 app.add_typer(limits_app, name="limits")
 admission_app = typer.Typer(help="Admission control: caps of queued jobs and tier policies.")
 app.add_typer(admission_app, name="admission")
-console = Console(soft_wrap=True)
-err_console = Console(stderr=True, soft_wrap=True)
+# emoji=False: a stored name such as ':smile:' is shown as it is, not as an emoji (found by a
+# tester; markup is turned off where names are printed, emoji codes are a separate switch).
+console = Console(soft_wrap=True, emoji=False)
+err_console = Console(stderr=True, soft_wrap=True, emoji=False)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -141,7 +143,8 @@ def _check_text_arguments(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Non
     Python decodes command-line bytes that are not UTF-8 with surrogateescape, so
     `--tenant $'\\xff'` arrives as a string with a lone surrogate, which cannot be sent to
     the database or encoded anywhere (found by a tester: a UnicodeEncodeError traceback).
-    Paths are left alone: a file name need not be UTF-8 to be opened.
+    Paths are left alone: a file name need not be UTF-8 to be opened; so is a ``--payload``
+    given as ``@FILE`` (found by a tester: a payload file whose name is not UTF-8 was refused).
 
     Raises:
         InvalidArgument: "--tenant is not valid UTF-8 text".
@@ -149,6 +152,8 @@ def _check_text_arguments(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Non
     from pgqueue.validation import is_utf8_encodable
 
     for name, value in kwargs.items():
+        if name == "payload" and isinstance(value, str) and value.startswith("@"):
+            continue  # a file name (the file's text is checked when it is read)
         if isinstance(value, str) and not is_utf8_encodable(value):
             raise InvalidArgument(f"{_parameter_name(fn, name)} is not valid UTF-8 text")
 

@@ -192,7 +192,7 @@ def status(
             while True:
                 # Recorded into a buffer of its own: rich records nothing printed inside
                 # capture(), and every frame was empty.
-                frame = Console(record=True, width=console.width, file=io.StringIO())
+                frame = Console(record=True, width=console.width, file=io.StringIO(), emoji=False)
                 render_status(snapshot(), frame)
                 # Text, not the exported string: Live would read that string as markup again
                 # (a tenant named "[/x]" raised MarkupError).
@@ -382,8 +382,9 @@ def cancel(
     """Cancel a queued or running job (a running job's handler stops at its next heartbeat),
     or with --all-queued every queued job of a tenant."""
     import pgqueue
+    from pgqueue.db import queries
     from pgqueue.errors import InvalidArgument
-    from pgqueue.validation import check_tier
+    from pgqueue.validation import check_tenant_id, check_tier
 
     if all_queued:
         if job_id is not None or tenant is None:
@@ -395,6 +396,10 @@ def cancel(
     if tier is not None:
         tier = check_tier(tier)  # any case, as --plan (pgqueue.cancel_queued takes lower case)
     with psycopg.connect(_dsn(_settings(), dsn)) as conn:
+        if tenant is not None:
+            # A producer role may cancel only with its tenant scope set: --tenant sets it
+            # unless the session has one (found by a tester: the CLI could not cancel as one).
+            queries.run(conn, "session_scope_default", {"tenant_id": check_tenant_id(tenant)})
         if all_queued:
             assert tenant is not None
             n = pgqueue.cancel_queued(conn, tenant, tier=tier, reason=reason)

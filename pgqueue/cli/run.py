@@ -518,7 +518,7 @@ def simulate(
             ]
         table.add_row(*cells)
     # The table is wide: never squeeze it below 160 columns (pipes report 80).
-    Console(soft_wrap=True, width=max(console.width, 160)).print(table)
+    Console(soft_wrap=True, width=max(console.width, 160), emoji=False).print(table)
     verdict = doc["verdict"]
     if verdict["tiers_urgent_p95_within_bound"] is not None:
         console.print(

@@ -99,17 +99,18 @@ def count_cancelled() -> None:
 
 def count_outcome(outcome: Outcome, state: str | None) -> None:
     """Count one recorded outcome (``OUTCOMES``: succeeded, failed, throttled, deferred,
-    interrupted, lease_lost; see also :func:`count_cancelled`), and the reason when the job
-    went back to the queue (``RETRIES``). ``state`` is what was recorded: None when the lease
-    was lost; a success whose result could not be stored counts as failed.
+    interrupted, lease_lost, cancelled, unrecorded; see also :func:`count_cancelled`), and the
+    reason when the job went back to the queue (``RETRIES``). ``state`` is what was recorded:
+    None when the lease was lost, ``unrecorded`` when the write failed or was given up; a
+    success whose result could not be stored counts as failed.
 
     The labelled children are kept: ``labels()`` takes a lock and builds a key per call, a
     visible part of a no-op job's cost on the worker.
     """
     if state is None:
         name = "lease_lost"
-    elif state == "cancelled":  # cancelled while it ran: its outcome found no row to write
-        name = "cancelled"
+    elif state in ("cancelled", "unrecorded"):  # cancelled while it ran; a write given up
+        name = state
     elif state == "failed" and isinstance(outcome, Succeeded):
         name = "failed"
     else:

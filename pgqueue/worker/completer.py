@@ -52,13 +52,29 @@ def is_transient(exc: BaseException) -> bool:
     return state is None or state[:2] in _TRANSIENT_CLASSES
 
 
-def transient_retry(give_up_after_seconds: float = 30.0) -> AsyncRetrying:
+#: How long an outcome write of its own waits for a row another transaction holds before it
+#: lets go of its connection and tries again later (``lock_timeout``, milliseconds).
+HELD_ROW_WAIT_MS = 200
+
+
+def is_held_row(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write that gave up waiting for a row another transaction holds
+    (SQLSTATE 55P03, ``lock_not_available``, from ``lock_timeout``): worth another try later."""
+    return isinstance(exc, psycopg.errors.LockNotAvailable)
+
+
+def transient_retry(
+    give_up_after_seconds: float = 30.0, *, held_rows: bool = False
+) -> AsyncRetrying:
     """A tenacity policy for transient database errors (deadlock, serialization failure,
     lost connection): full-jitter exponential waits up to 3 s, for at most
     ``give_up_after_seconds`` (30 s by default: long enough to ride out a Postgres restart;
-    outcome writes use the lease instead, see :class:`Completer`)."""
+    outcome writes use the lease instead, see :class:`Completer`). With ``held_rows``, a row
+    another transaction holds (:func:`is_held_row`) is tried again too."""
     return AsyncRetrying(
-        retry=retry_if_exception(is_transient),
+        retry=retry_if_exception(
+            (lambda e: is_transient(e) or is_held_row(e)) if held_rows else is_transient
+        ),
         wait=wait_random_exponential(multiplier=0.05, max=3.0),
         stop=stop_after_delay(give_up_after_seconds),
         reraise=True,
@@ -307,14 +323,23 @@ class Completer:
         limiter = self._limiter_statement(job, outcome)
         written = False
         result: Any = None
-        async for attempt in transient_retry(self._retry_seconds):
+        async for attempt in transient_retry(self._retry_seconds, held_rows=True):
             with attempt:
                 async with self._write_slots, self._pool.connection() as conn:
                     # A retry after the job's own statement committed runs only the limiter's:
                     # run again, the fenced job statement found nothing and the recorded
                     # outcome was reported as a lost lease (found by a tester).
                     if not written:
-                        result = await queries.arun(conn, name, params)
+                        # A row another transaction holds (a user's cancel or UPDATE left
+                        # open) is waited for briefly, then let go of: the write slot and the
+                        # connection go back, and the write is tried again after a pause
+                        # (found by a tester: seven held rows took every write slot, and the
+                        # worker stopped for every tenant).
+                        async with conn.transaction():
+                            await queries.arun(
+                                conn, "session_lock_timeout", {"ms": HELD_ROW_WAIT_MS}
+                            )
+                            result = await queries.arun(conn, name, params)
                         written = True
                     if limiter is not None:
                         await queries.arun(conn, *limiter)

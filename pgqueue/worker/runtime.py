@@ -69,6 +69,11 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
+#: The outcome of a job whose write failed or was given up (the rescuer puts the job back when
+#: its lease expires): counted apart from lost leases.
+UNRECORDED = "unrecorded"
+
+
 @dataclass
 class WorkerStats:
     """Counts of what one worker run did, by outcome (``succeeded``, ``queued``, ...)."""
@@ -464,7 +469,7 @@ class Worker:
                     )
                 else:
                     log.exception("job %s: could not record its outcome; the rescuer will", job.id)
-                state = None
+                state = UNRECORDED
             self._count(outcome, state)
         finally:
             self._flushing.pop(job.id, None)
@@ -518,13 +523,15 @@ class Worker:
             state = await self._completer.record(job, Interrupted())
         except Exception:
             log.exception("job %s: could not return it to the queue; the rescuer will", job.id)
-            state = None
+            state = UNRECORDED
         finally:
             self._release(job)
         self._count(Interrupted(), state)
 
     def _count(self, outcome: Outcome, state: str | None) -> None:
-        """Count a recorded outcome (``state`` None: the lease was lost, or the write failed)."""
+        """Count an outcome: ``state`` as recorded, None when the lease was lost, or
+        ``UNRECORDED`` when the write failed or was given up (found by a tester: those were
+        counted as lost leases)."""
         self.stats.outcomes[state or "lease_lost"] += 1
         metrics.count_outcome(outcome, state)
 

@@ -67,3 +67,49 @@ def test_cancel_a_tenants_backlog_from_the_command_line(db_dsn: str) -> None:
         states = conn.execute("SELECT tenant_id, state::text FROM pgqueue.jobs").fetchall()
     assert sorted(states) == [("[acme]", "cancelled")] * 3 + [("other", "queued")]
     assert kept is not None
+
+
+def test_names_with_emoji_codes_are_shown_as_they_are(db_dsn: str) -> None:
+    """Found by a tester: rich turned ':smile:' in a tenant id into an emoji."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        pgqueue.enqueue(conn, tenant_id=":smile:", origin="batch_job", payload=PAYLOAD)
+    result = run("cancel", "--all-queued", "--tenant", ":smile:", "--dsn", db_dsn)
+    assert result.exit_code == 0, result.stderr
+    assert "cancelled 1 queued job(s) of tenant ':smile:'" in result.stdout
+    result = run("cancel", "999999", "--tenant", ":+1:", "--dsn", db_dsn)
+    assert result.stderr.strip() == "UnknownJob: no job 999999 of tenant ':+1:'"
+
+
+def test_a_producer_cancels_from_the_command_line_with_tenant(db_dsn: str) -> None:
+    """Found by a tester: as a pgqueue_producer role, `pgqueue cancel ID --tenant T` failed
+    with "a producer session must set pgqueue.tenant_id"; --tenant now sets that scope unless
+    the session has one."""
+    import uuid
+
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    from pgqueue.db import queries
+
+    name = f"pq_cli_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        queries.run(conn, "security_grant")
+        conn.execute(
+            sql.SQL("CREATE ROLE {} LOGIN IN ROLE pgqueue_producer").format(sql.Identifier(name))
+        )
+        job = pgqueue.enqueue(conn, tenant_id="acme", origin="batch_job", payload=PAYLOAD)
+        pgqueue.enqueue(conn, tenant_id="acme", origin="batch_job", payload=PAYLOAD)
+    try:
+        producer = make_conninfo(db_dsn, user=name)
+        result = run("cancel", str(job), "--tenant", "acme", "--dsn", producer)
+        assert result.exit_code == 0, result.stderr
+        result = run("cancel", "--all-queued", "--tenant", "acme", "--dsn", producer)
+        assert result.exit_code == 0, result.stderr
+        assert "cancelled 1 queued job(s)" in result.stdout
+        result = run("cancel", str(job), "--dsn", producer)  # no scope: refused, in one line
+        assert result.exit_code == 1
+        assert "pgqueue.tenant_id" in result.stderr
+    finally:
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))

@@ -847,3 +847,15 @@ def test_invalid_settings_are_one_line(monkeypatch):
         "as an integer (got 'many'); poll_interval_seconds: Input should be a finite number "
         "(got 'inf')"
     ]
+
+
+def test_a_payload_file_whose_name_is_not_utf8_is_read(db_dsn, tmp_path):
+    """Found by a tester: the check of non-UTF-8 arguments refused `--payload @<file>` when
+    the file's name was not UTF-8, though a file name need not be UTF-8 to be opened."""
+    path = tmp_path / "p\udcff.json"  # the bytes b"p\xff.json" on disk
+    path.write_text(
+        '{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}'
+    )
+    result = run("enqueue", "acme", "--payload", f"@{path}", "--dsn", db_dsn)
+    assert result.exit_code == 0, result.stderr
+    assert _jobs(db_dsn) == 1

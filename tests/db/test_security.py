@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgqueue
 from pgqueue.db import queries
@@ -141,3 +141,15 @@ def test_producer_cancels_only_its_tenants_jobs(db_dsn, roles):
     with psycopg.connect(db_dsn, autocommit=True) as owner:
         states = dict(owner.execute("SELECT id, state::text FROM pgqueue.jobs").fetchall())
     assert states == {a_job: "cancelled", b_job: "queued"}
+
+
+def test_a_role_that_may_write_jobs_cancels_without_a_scope(db_dsn, roles):
+    """Whether a session must set its tenant scope to cancel is asked of its privilege on
+    pgqueue.jobs, not of role names: found by a tester, a database's owner who was also a
+    member of pgqueue_producer (for another database) was refused here."""
+    with psycopg.connect(db_dsn, autocommit=True) as owner:
+        job = pgqueue.enqueue(owner, tenant_id="b", origin="user_action", payload=PAYLOAD)
+        name = conninfo_to_dict(roles["producer"])["user"]
+        owner.execute(sql.SQL("GRANT UPDATE ON pgqueue.jobs TO {}").format(sql.Identifier(name)))
+    with psycopg.connect(roles["producer"], autocommit=True) as conn:
+        assert pgqueue.cancel(conn, job) == "cancelled"

@@ -222,3 +222,6 @@ async def test_successes_a_stop_gives_up_on_are_logged_without_tracebacks(
     assert sum("could not record its outcome" in r.getMessage() for r in mine) == 4
     assert not [r for r in mine if r.exc_info or r.levelno >= logging.ERROR]
     assert all(state == "running" for state, _ in _states(db_dsn))  # left to the rescuer
+    # counted as not recorded, not as lost leases (found by a tester)
+    assert worker.stats.outcomes["unrecorded"] == 4, worker.stats
+    assert worker.stats.outcomes["lease_lost"] == 0, worker.stats

@@ -79,3 +79,68 @@ async def test_writes_blocked_on_locked_rows_leave_the_heartbeat_a_connection(
             "SELECT state::text, count(*) FROM pgqueue.jobs GROUP BY 1 ORDER BY 1"
         ).fetchall()
     assert states == [("queued", FAILING + 1)]  # retried, and the held one interrupted
+
+
+@pytest.mark.timeout(90)
+async def test_held_rows_do_not_keep_the_write_slots_from_other_jobs(db_dsn: str) -> None:
+    """Found by a fresh tester: seven rows held open (a cancel or UPDATE left in a user's
+    transaction) took all seven write slots, waiting on their locks, and every other job's
+    failure, retry or limiter-teaching success queued behind them: the worker stopped for every
+    tenant. A write now waits for a held row briefly, then lets go of its slot and connection
+    and tries again later."""
+    registry = Registry()
+    release = asyncio.Event()
+    started = 0
+    all_started = asyncio.Event()
+    held_count, other_count = 10, 10
+
+    @registry.handler("test.gate")
+    async def gate(job: Job) -> dict[str, Any]:
+        nonlocal started
+        started += 1
+        if started == held_count:
+            all_started.set()
+        await release.wait()
+        raise RuntimeError("boom")  # a retry: an outcome write of its own
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        held = pgqueue.enqueue_many(
+            conn, [JobSpec("held", "scheduled", {}, kind="test.gate")] * held_count
+        )
+    settings = Settings(heartbeat_seconds=0.3, poll_interval_seconds=0.2, shutdown_grace_seconds=1)
+    worker = Worker(db_dsn, settings, registry, concurrency=20)
+    run = asyncio.create_task(worker.run(install_signal_handlers=False))
+    locker = await psycopg.AsyncConnection.connect(db_dsn)
+    try:
+        await asyncio.wait_for(all_started.wait(), 30)
+        await locker.execute("SET statement_timeout = '60s'")
+        await locker.execute("SELECT id FROM pgqueue.jobs WHERE id = ANY(%s) FOR UPDATE", (held,))
+        release.set()  # ten writes now meet held rows
+        await asyncio.sleep(1.0)
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            others = pgqueue.enqueue_many(
+                conn, [JobSpec("other", "scheduled", {}, kind="test.gate")] * other_count
+            )
+        recorded = 0
+        for _ in range(100):  # the other tenant's failures are recorded during the hold
+            await asyncio.sleep(0.1)
+            with psycopg.connect(db_dsn, autocommit=True) as conn:
+                row: Any = conn.execute(
+                    "SELECT count(*) FROM pgqueue.jobs WHERE id = ANY(%s) AND attempts >= 1"
+                    " AND state = 'queued'",
+                    (others,),
+                ).fetchone()
+            recorded = row[0]
+            if recorded == other_count:
+                break
+        assert recorded == other_count, "held rows kept the other jobs' writes waiting"
+    finally:
+        await locker.rollback()
+        await locker.close()
+        worker.request_stop(hard=True)
+        await asyncio.wait_for(run, 60)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        left: Any = conn.execute(
+            "SELECT count(*) FROM pgqueue.jobs WHERE id = ANY(%s) AND state = 'running'", (held,)
+        ).fetchone()
+    assert left == (0,)  # the held ones were written once the rows were let go

@@ -6,8 +6,8 @@ is withdrawn, so the worker's outcome write is fenced off, and the worker stops 
 its next heartbeat. A finished job is left as it is, and its state is returned.
 ``cancel_queued`` cancels every queued job of a tenant (of one tier, if given) and leaves
 running ones alone. Producers reach both like ``enqueue`` (``pgqueue grant`` makes them
-SECURITY DEFINER), for the tenant their session's ``pgqueue.tenant_id`` names, which they must
-set (``pgqueue.session_is_producer``). Before this revision, the
+SECURITY DEFINER), for the tenant their session's ``pgqueue.tenant_id`` names, which a role
+that may not write ``pgqueue.jobs`` itself must set (``pgqueue.session_writes_jobs``). Before this revision, the
 only way to cancel was an ``UPDATE`` of ``pgqueue.jobs`` by hand.
 
 Revision ID: 0024
@@ -35,4 +35,4 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("DROP FUNCTION pgqueue.cancel_queued(text, pgqueue.tier, text)")
     op.execute("DROP FUNCTION pgqueue.cancel(bigint, text, text)")
-    op.execute("DROP FUNCTION pgqueue.session_is_producer()")
+    op.execute("DROP FUNCTION pgqueue.session_writes_jobs()")

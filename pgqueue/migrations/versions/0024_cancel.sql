@@ -1,30 +1,16 @@
 -- Revision 0024: cancelling jobs (pgqueue.cancel, pgqueue.cancel_queued).
 
--- Whether this session acts as a producer: its login role is a member of pgqueue_producer
--- (`pgqueue grant`) and of neither pgqueue_worker nor pgqueue_admin. A producer reads only its
--- tenant's jobs (row-level security on pgqueue.tenant_id), so it may cancel only those, and
--- only with its scope set. Superusers count as members of every role: never producers.
-CREATE FUNCTION pgqueue.session_is_producer()
+-- Whether this session's login role may write pgqueue.jobs itself (UPDATE privilege: the
+-- owner, superusers, pgqueue_worker and pgqueue_admin after `pgqueue grant`). A role that
+-- may not (pgqueue_producer: it reads only its tenant's jobs, by row-level security on
+-- pgqueue.tenant_id) may cancel only with that scope set, and only that tenant's jobs. Asked
+-- of the privilege, not of role names: a membership of pgqueue_producer held for another
+-- database must not restrict this database's owner (found by a tester).
+CREATE FUNCTION pgqueue.session_writes_jobs()
 RETURNS boolean
-LANGUAGE plpgsql
+LANGUAGE sql
 STABLE
-AS $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'pgqueue_producer')
-       OR NOT pg_catalog.pg_has_role(session_user, 'pgqueue_producer', 'MEMBER') THEN
-        RETURN false;
-    END IF;
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'pgqueue_worker')
-       AND pg_catalog.pg_has_role(session_user, 'pgqueue_worker', 'MEMBER') THEN
-        RETURN false;
-    END IF;
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'pgqueue_admin')
-       AND pg_catalog.pg_has_role(session_user, 'pgqueue_admin', 'MEMBER') THEN
-        RETURN false;
-    END IF;
-    RETURN true;
-END
-$$;
+AS $$ SELECT pg_catalog.has_table_privilege(session_user, 'pgqueue.jobs', 'UPDATE') $$;
 
 CREATE FUNCTION pgqueue.cancel(job_id bigint, tenant_id text DEFAULT NULL,
                                reason text DEFAULT NULL)
@@ -38,8 +24,9 @@ AS $$
 -- worker stops its handler at its next heartbeat. The counters (queue_counts) follow through
 -- jobs_after_update; a DRR pair left without queued jobs leaves the round at its turn.
 -- With `tenant_id`, only that tenant's job; a session that sets pgqueue.tenant_id only ever
--- reaches its own tenant's jobs, and a producer session (pgqueue.session_is_producer) must
--- set it (42501 otherwise), as row-level security shows it nothing else.
+-- reaches its own tenant's jobs, and a session that may not write pgqueue.jobs itself (a
+-- producer: pgqueue.session_writes_jobs) must set it (42501 otherwise), as row-level security
+-- shows it nothing else.
 -- Raises PQ011 when no such job is visible, PQ009 for a reason that is empty or longer than
 -- 1,000 characters.
 DECLARE
@@ -58,7 +45,7 @@ BEGIN
     THEN
         RAISE EXCEPTION 'reason must be 1 to 1000 characters' USING ERRCODE = 'PQ009';
     END IF;
-    IF scope IS NULL AND pgqueue.session_is_producer() THEN
+    IF scope IS NULL AND NOT pgqueue.session_writes_jobs() THEN
         RAISE EXCEPTION 'a producer session must set pgqueue.tenant_id to cancel its jobs'
             USING ERRCODE = 'insufficient_privilege';
     END IF;
@@ -96,13 +83,13 @@ AS $$
 #variable_conflict use_column
 -- Cancel every queued job of a tenant (of one tier, when given), e.g. a runaway tenant's
 -- backlog; returns how many. Running jobs are left to finish (cancel them one by one with
--- pgqueue.cancel). Rows another transaction holds at that moment (a claim taking them) are
--- skipped, not waited for: waiting, this statement would keep the lock on each such row until
+-- pgqueue.cancel). Rows another transaction holds at that moment (a claim taking them, a
+-- user's UPDATE left open) are skipped, not waited for, and not counted: waiting, this statement would keep the lock on each such row until
 -- the caller's transaction ends even though it is then running, and the worker's batched
 -- completion would wait on it (found by a tester: a cancel_queued held open in a transaction
 -- stopped a worker for every tenant).
--- A session that sets pgqueue.tenant_id may only name that tenant, and a producer session
--- (pgqueue.session_is_producer) must set it (42501 otherwise).
+-- A session that sets pgqueue.tenant_id may only name that tenant, and a session that may not
+-- write pgqueue.jobs itself (pgqueue.session_writes_jobs) must set it (42501 otherwise).
 -- Raises PQ006 for a tenant id that is empty or longer than 128 characters, PQ009 for a
 -- reason that is empty or longer than 1,000 characters.
 DECLARE
@@ -117,7 +104,7 @@ BEGIN
        AND (cancel_queued.reason = '' OR char_length(cancel_queued.reason) > 1000) THEN
         RAISE EXCEPTION 'reason must be 1 to 1000 characters' USING ERRCODE = 'PQ009';
     END IF;
-    IF scope IS NULL AND pgqueue.session_is_producer() THEN
+    IF scope IS NULL AND NOT pgqueue.session_writes_jobs() THEN
         RAISE EXCEPTION 'a producer session must set pgqueue.tenant_id to cancel its jobs'
             USING ERRCODE = 'insufficient_privilege';
     END IF;

@@ -244,3 +244,9 @@ SELECT pgqueue.cancel_queued(%(tenant_id)s, %(tier)s::pgqueue.tier, %(reason)s) 
 SELECT j.id, j.state::text AS state, j.lease_token::text AS lease_token
 FROM pgqueue.jobs j
 WHERE j.id = ANY (%(ids)s::bigint[])
+
+-- name: session_lock_timeout :exec
+-- For the rest of this transaction: give up waiting for a lock after `ms` milliseconds
+-- (SQLSTATE 55P03). An outcome write of its own runs under it, so that a row another
+-- transaction holds does not keep the worker's connection (pgqueue.worker.completer).
+SELECT set_config('lock_timeout', %(ms)s::text, true)

@@ -19,3 +19,9 @@ SELECT t.tenant_id, t.plan, t.quantum, t.daily_token_budget,
 FROM pgqueue.tenants t
 ORDER BY t.tenant_id
 LIMIT %(limit)s
+
+-- name: session_scope_default :exec
+-- The session's tenant scope (pgqueue.tenant_id) becomes this tenant unless one is set
+-- already: `pgqueue cancel --tenant T` run as a producer, whose cancels need the scope.
+SELECT set_config('pgqueue.tenant_id', %(tenant_id)s, false)
+WHERE coalesce(current_setting('pgqueue.tenant_id', true), '') = ''
