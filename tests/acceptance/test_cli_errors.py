@@ -3,6 +3,8 @@ never a traceback; and nothing stored changes."""
 
 from __future__ import annotations
 
+import inspect
+
 import psycopg
 import pytest
 from typer.testing import CliRunner
@@ -17,6 +19,14 @@ def run(*args: str):
     assert "Traceback" not in (result.stdout + result.stderr)
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     return result
+
+
+def _callbacks(typer_app):
+    """Every command function of a typer app and its groups, unwrapped."""
+    for command in typer_app.registered_commands:
+        yield inspect.unwrap(command.callback)
+    for group in typer_app.registered_groups:
+        yield from _callbacks(group.typer_instance)
 
 
 def _jobs(dsn: str) -> int:
@@ -405,7 +415,6 @@ def test_no_float_option_is_left_to_typer():
     """Every float option of every command is checked by `finite_in_range` (the list above,
     or test_non_finite_numbers_are_refused_as_such; `enqueue --sla-seconds` by the library's
     InvalidSla), and none has typer's min/max, which answers NaN in its box first."""
-    import inspect
     import typing
 
     checked = {(command[0], option) for command, option, _, _ in _FLOAT_OPTIONS}
@@ -417,14 +426,8 @@ def test_no_float_option_is_left_to_typer():
         ("enqueue", "--sla-seconds"),
     }
 
-    def callbacks(typer_app):
-        for command in typer_app.registered_commands:
-            yield inspect.unwrap(command.callback)
-        for group in typer_app.registered_groups:
-            yield from callbacks(group.typer_instance)
-
     found = set()
-    for fn in callbacks(app):
+    for fn in _callbacks(app):
         for name, hint in typing.get_type_hints(fn, include_extras=True).items():
             if typing.get_origin(hint) is not typing.Annotated:
                 continue
@@ -706,7 +709,6 @@ def test_every_int_option_is_bounded_in_one_line(monkeypatch):
 def test_no_int_option_is_left_to_typer():
     """Every int option of every command is in the list above (bar the seeds and cancel's job
     id), and none has typer's min/max, which answers in a box of several lines."""
-    import inspect
     import typing
 
     exempt = {
@@ -721,14 +723,8 @@ def test_no_int_option_is_left_to_typer():
         for command, option, _, _ in _INT_OPTIONS
     }
 
-    def callbacks(typer_app):
-        for command in typer_app.registered_commands:
-            yield inspect.unwrap(command.callback)
-        for group in typer_app.registered_groups:
-            yield from callbacks(group.typer_instance)
-
     found = set()
-    for fn in callbacks(app):
+    for fn in _callbacks(app):
         for name, hint in typing.get_type_hints(fn, include_extras=True).items():
             base, *meta = (
                 typing.get_args(hint) if typing.get_origin(hint) is typing.Annotated else (hint,)
