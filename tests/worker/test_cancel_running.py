@@ -61,6 +61,18 @@ async def test_a_running_job_cancelled_stops_its_handler_and_frees_its_slot(db_d
     assert last_error == ("cancelled: test",)
 
 
+def _one_job_and_a_worker(
+    db_dsn: str, registry: Registry, kind: str, concurrency: int
+) -> tuple[int, Worker, asyncio.Task[Any]]:
+    """One job of ``kind``, and a worker (heartbeat 0.2 s) started on it."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        [held] = pgqueue.enqueue_many(conn, [JobSpec("a", "scheduled", {}, kind=kind)])
+    assert held is not None
+    settings = Settings(heartbeat_seconds=0.2, poll_interval_seconds=0.2)
+    worker = Worker(db_dsn, settings, registry, concurrency=concurrency)
+    return held, worker, asyncio.create_task(worker.run(install_signal_handlers=False))
+
+
 async def _succeeded(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row: Any = conn.execute(
@@ -84,12 +96,7 @@ async def test_a_cancel_held_open_does_not_stop_the_other_completions(db_dsn: st
         await release.wait()
         return {}
 
-    with psycopg.connect(db_dsn, autocommit=True) as conn:
-        [held] = pgqueue.enqueue_many(conn, [JobSpec("a", "scheduled", {}, kind="test.gate")])
-    assert held is not None
-    settings = Settings(heartbeat_seconds=0.2, poll_interval_seconds=0.2)
-    worker = Worker(db_dsn, settings, registry, concurrency=4)
-    run = asyncio.create_task(worker.run(install_signal_handlers=False))
+    held, worker, run = _one_job_and_a_worker(db_dsn, registry, "test.gate", 4)
     try:
         await asyncio.wait_for(started.wait(), 20)
         async with await psycopg.AsyncConnection.connect(db_dsn) as canceller:
@@ -139,12 +146,7 @@ async def test_a_heartbeat_during_an_uncommitted_cancel_still_stops_the_handler(
             raise
         return {}
 
-    with psycopg.connect(db_dsn, autocommit=True) as conn:
-        [held] = pgqueue.enqueue_many(conn, [JobSpec("a", "scheduled", {}, kind="test.hold")])
-    assert held is not None
-    settings = Settings(heartbeat_seconds=0.2, poll_interval_seconds=0.2)
-    worker = Worker(db_dsn, settings, registry, concurrency=2)
-    run = asyncio.create_task(worker.run(install_signal_handlers=False))
+    held, worker, run = _one_job_and_a_worker(db_dsn, registry, "test.hold", 2)
     try:
         await asyncio.wait_for(started.wait(), 20)
         async with await psycopg.AsyncConnection.connect(db_dsn) as canceller:
