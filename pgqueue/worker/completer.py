@@ -54,7 +54,7 @@ def is_transient(exc: BaseException) -> bool:
 
 #: How long an outcome write of its own waits for a row another transaction holds before it
 #: lets go of its connection and tries again later (``lock_timeout``, milliseconds).
-HELD_ROW_WAIT_MS = 200
+HELD_ROW_WAIT_MS = 500
 
 
 def is_held_row(exc: BaseException) -> bool:
@@ -303,7 +303,10 @@ class Completer:
         try:
             state = await self._record(job, outcome)
         except Exception as exc:
-            if is_transient(exc):
+            # A row held past the retry window is not a result that cannot be stored: the job
+            # comes back when its lease expires (found by a tester: a success held ~2 minutes
+            # was recorded as a permanent failure once the hold ended).
+            if is_transient(exc) or is_held_row(exc):
                 if not future.done():
                     future.set_exception(exc)
                 return

@@ -40,6 +40,7 @@ from pgqueue.worker import leases, shutdown, upkeep
 from pgqueue.worker.completer import (
     Completer,
     OutcomeAbandoned,
+    is_held_row,
     is_transient,
     run_named,
     transient_retry,
@@ -457,7 +458,7 @@ class Worker:
             try:
                 state = await self._completer.record(job, outcome)
             except Exception as exc:
-                if is_transient(exc) or isinstance(exc, OutcomeAbandoned):
+                if is_transient(exc) or is_held_row(exc) or isinstance(exc, OutcomeAbandoned):
                     # The database did not answer for the whole retry window (the producer
                     # reports the outage), or a stop gave up waiting for it (the stop says
                     # how many): no traceback for each job (found by a tester).

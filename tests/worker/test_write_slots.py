@@ -144,3 +144,56 @@ async def test_held_rows_do_not_keep_the_write_slots_from_other_jobs(db_dsn: str
             "SELECT count(*) FROM pgqueue.jobs WHERE id = ANY(%s) AND state = 'running'", (held,)
         ).fetchone()
     assert left == (0,)  # the held ones were written once the rows were let go
+
+
+@pytest.mark.timeout(60)
+async def test_a_success_held_past_the_retry_window_is_never_recorded_as_failed(
+    db_dsn: str,
+) -> None:
+    """Found by a tester: a success whose row stayed held past the write's retry window raised
+    lock_not_available, which the completer took for "a result that cannot be stored" and
+    recorded as a permanent failure once the hold ended. Now it is given up like any write
+    the database would not take: the job stays running and comes back when its lease
+    expires."""
+    from psycopg_pool import AsyncConnectionPool
+
+    from pgqueue.db import queries
+    from pgqueue.models import Succeeded
+    from pgqueue.worker.completer import Completer
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        pgqueue.enqueue_many(conn, [JobSpec("t", "scheduled", {}, kind="pgqueue.noop")])
+        [row] = queries.run(conn, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 60})
+    job = Job.from_row(row)
+    pool = AsyncConnectionPool(
+        db_dsn, min_size=1, max_size=3, kwargs={"autocommit": True}, open=False
+    )
+    await pool.open()
+    locker = await psycopg.AsyncConnection.connect(db_dsn)
+    try:
+        completer = Completer(pool, Settings(), write_slots=1)
+        completer._retry_seconds = 1.0  # the window, shortened for the test
+        await locker.execute("SET statement_timeout = '30s'")
+        await locker.execute("SELECT id FROM pgqueue.jobs WHERE id = %s FOR UPDATE", (job.id,))
+        record = completer._record
+
+        async def record_then_let_go(*args: Any) -> Any:
+            try:
+                return await record(*args)
+            except psycopg.errors.LockNotAvailable:
+                await locker.rollback()  # the hold ends right after the window ran out
+                raise
+
+        completer._record = record_then_let_go  # type: ignore[method-assign]
+        future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        write = asyncio.create_task(completer._record_alone(job, Succeeded({"ok": 1}), future))
+        await asyncio.wait_for(write, 20)
+        assert future.done() and isinstance(future.exception(), psycopg.errors.LockNotAvailable)
+    finally:
+        await locker.close()
+        await pool.close()
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        state: Any = conn.execute(
+            "SELECT state::text, last_error FROM pgqueue.jobs WHERE id = %s", (job.id,)
+        ).fetchone()
+    assert state == ("running", None)
