@@ -408,7 +408,16 @@ def cancel(
             )
             return
         assert job_id is not None
-        state = pgqueue.cancel(conn, job_id, tenant_id=tenant, reason=reason)
+        try:
+            state = pgqueue.cancel(conn, job_id, tenant_id=tenant, reason=reason)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            if tenant is None and "pgqueue.tenant_id" in (exc.diag.message_primary or ""):
+                # a producer role without --tenant: bad input, with the way out (found by a
+                # tester: it read as "database error", exit 1)
+                raise InvalidArgument(
+                    "this role cancels only its tenant's jobs: give --tenant TENANT"
+                ) from None
+            raise
     if state == "cancelled":
         console.print(f"job {job_id} cancelled")
     else:
