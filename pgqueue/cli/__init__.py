@@ -1,8 +1,9 @@
 """The ``pgqueue`` command line: thin typer commands that parse, call one function, format.
 
-The commands live in :mod:`pgqueue.cli.admin` (schema, enqueue, status, tenants, limits,
-admission, retry, prune) and :mod:`pgqueue.cli.run` (work, metrics, sandbox, replay, demo,
-bench, simulate); this module holds the app, the shared options and the error handling.
+The commands live in :mod:`pgqueue.cli.admin` (schema, roles, status, tenants, limits,
+admission), :mod:`pgqueue.cli.jobs` (enqueue, retry, cancel, prune), :mod:`pgqueue.cli.run`
+(work, metrics, sandbox, replay, demo) and :mod:`pgqueue.cli.experiments` (bench,
+simulate); this module holds the app, the shared options and the error handling.
 
 Every command goes through :func:`cli_errors`, so a user error prints one line and exits 2, an
 environment problem (database unreachable, schema missing) prints one line and exits 1, and
@@ -334,4 +335,7 @@ def main(
 
 
 # The commands register themselves on `app` when imported.
-from pgqueue.cli import admin, run  # noqa: E402, F401
+# Registered in this order, which is the order of `pgqueue --help`.
+# isort: off
+from pgqueue.cli import admin, jobs, run, experiments  # noqa: E402, F401
+# isort: on

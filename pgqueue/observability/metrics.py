@@ -88,21 +88,12 @@ RETRIES = Counter(
 _OUTCOME_CHILDREN: dict[str, Any] = {}
 
 
-def count_cancelled() -> None:
-    """Count a job whose handler was stopped because the job was cancelled while it ran
-    (``OUTCOMES`` label ``cancelled``; nothing was recorded, the row already said so)."""
-    child = _OUTCOME_CHILDREN.get("cancelled")
-    if child is None:
-        child = _OUTCOME_CHILDREN.setdefault("cancelled", OUTCOMES.labels("cancelled"))
-    child.inc()
-
-
 def count_outcome(outcome: Outcome, state: str | None) -> None:
     """Count one recorded outcome (``OUTCOMES``: succeeded, failed, throttled, deferred,
-    interrupted, lease_lost, cancelled, unrecorded; see also :func:`count_cancelled`), and the
-    reason when the job went back to the queue (``RETRIES``). ``state`` is what was recorded:
-    None when the lease was lost, ``unrecorded`` when the write failed or was given up; a
-    success whose result could not be stored counts as failed.
+    interrupted, lease_lost, cancelled, unrecorded), and the reason when the job went back
+    to the queue (``RETRIES``). ``state`` is what was recorded: None when the lease was lost,
+    ``cancelled`` when the job was cancelled while it ran, ``unrecorded`` when the write
+    failed or was given up; a success whose result could not be stored counts as failed.
 
     The labelled children are kept: ``labels()`` takes a lock and builds a key per call, a
     visible part of a no-op job's cost on the worker.

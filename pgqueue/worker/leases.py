@@ -49,20 +49,32 @@ async def extend(
     return {r["id"] for r in rows}
 
 
-async def lease_states(
-    pool: AsyncConnectionPool[Any], ids: list[int]
-) -> dict[int, tuple[str, str | None]] | None:
-    """The committed ``(state, lease_token)`` of the jobs ``ids``, read without a lock: what
-    the heartbeat asks about the leases it could not extend (cancelled, held by another
-    transaction, or lost). Jobs no longer stored are missing; None on a database error
-    (logged; the next heartbeat asks again)."""
+async def why_not_extended(
+    pool: AsyncConnectionPool[Any], jobs: list[Job]
+) -> dict[int, str] | None:
+    """Why a heartbeat could not extend the leases of ``jobs``, from their committed state
+    and lease token, read without a lock: ``"held"`` (still this lease: another transaction
+    holds the row, a cancel not yet committed or a user's UPDATE; ask again next time),
+    ``"cancelled"`` (``pgqueue.cancel``: stop the handler), or ``"lost"`` (rescued, claimed
+    again, finished or deleted). None on a database error (logged; the next heartbeat asks
+    again). Found by a tester: a held row was taken for a lost lease, for good."""
     try:
         async with pool.connection() as conn:
-            rows = await queries.arun(conn, "job_lease_states", {"ids": ids})
+            rows = await queries.arun(conn, "job_lease_states", {"ids": [j.id for j in jobs]})
     except psycopg.Error as exc:
         log.warning("could not read the state of jobs whose lease was not extended (%s)", exc)
         return None
-    return {r["id"]: (r["state"], r["lease_token"]) for r in rows}
+    committed = {r["id"]: (r["state"], r["lease_token"]) for r in rows}
+    verdicts: dict[int, str] = {}
+    for job in jobs:
+        state, token = committed.get(job.id, (None, None))
+        if state == "running" and token == job.lease_token:
+            verdicts[job.id] = "held"
+        elif state == "cancelled":
+            verdicts[job.id] = "cancelled"
+        else:
+            verdicts[job.id] = "lost"
+    return verdicts
 
 
 async def rescue(pool: AsyncConnectionPool[Any], limit: int = 1000) -> list[dict[str, Any]]:

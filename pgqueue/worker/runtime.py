@@ -37,14 +37,7 @@ from pgqueue.models import Interrupted, Job, Outcome
 from pgqueue.observability import metrics
 from pgqueue.settings import Settings
 from pgqueue.worker import leases, shutdown, upkeep
-from pgqueue.worker.completer import (
-    Completer,
-    OutcomeAbandoned,
-    is_held_row,
-    is_transient,
-    run_named,
-    transient_retry,
-)
+from pgqueue.worker.completer import Completer, OutcomeAbandoned
 from pgqueue.worker.executor import SharedDeadline, execute, sync_handlers_running
 from pgqueue.worker.notifier import Notifier
 from pgqueue.worker.outage import (
@@ -53,6 +46,7 @@ from pgqueue.worker.outage import (
     PRODUCER_RETRY_SECONDS,
     OutageLog,
 )
+from pgqueue.worker.transient import is_held_row, is_transient, run_named, transient_retry
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -440,8 +434,7 @@ class Worker:
                 deadline.finish()
             if job.id in self._cancelled:
                 log.info("job %s: cancelled while running; its handler was stopped", job.id)
-                self.stats.outcomes["cancelled"] += 1
-                metrics.count_cancelled()
+                self._count(outcome, "cancelled")
                 return
             if job.kind not in self.registry:  # no handler here: a burst worker won't wait
                 self._cannot_run.add(job.kind)
@@ -553,8 +546,8 @@ class Worker:
         held = await leases.extend(self._pool, jobs, self.settings.lease_seconds)
         if held is None:
             return
-        lost = [
-            job.id
+        unextended = [
+            job
             for job in jobs
             # flushing jobs are recording: only a handler still running can lose its lease
             if job.id not in held
@@ -562,23 +555,16 @@ class Worker:
             and job.id not in self._recording
             and job.id not in self._lost
         ]
-        if not lost:
+        if not unextended:
             return
-        states = await leases.lease_states(self._pool, lost)
-        if states is None:
+        verdicts = await leases.why_not_extended(self._pool, unextended)
+        if verdicts is None:
             return
-        by_id = {job.id: job for job in jobs}
-        for job_id in lost:
-            state, token = states.get(job_id, (None, None))
+        for job_id, verdict in verdicts.items():
             entry = self._inflight.get(job_id)
-            if entry is None or job_id in self._recording:
-                continue  # its outcome is being written meanwhile: the completer reports
-            if state == "running" and token == by_id[job_id].lease_token:
-                # still ours: another transaction held the row (a cancel not yet committed,
-                # a user's UPDATE); ask again at the next heartbeat (found by a tester: such a
-                # job was flagged lost for good, and its later cancel never stopped it)
-                continue
-            if state == "cancelled":
+            if verdict == "held" or entry is None or job_id in self._recording:
+                continue  # ask again next time; or its outcome is being written meanwhile
+            if verdict == "cancelled":
                 # pgqueue.cancel: stop the handler now, so the slot frees and no more of the
                 # provider's time is spent on an answer nobody will store
                 self._cancelled.add(job_id)

@@ -1,4 +1,4 @@
-"""Which database errors the worker retries (pgqueue.worker.completer.is_transient)."""
+"""Which database errors the worker retries (pgqueue.worker.transient.is_transient)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
-from pgqueue.worker.completer import is_transient
+from pgqueue.worker.transient import is_transient
 
 
 @pytest.mark.parametrize(

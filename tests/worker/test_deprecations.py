@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 
-from pgqueue.worker.completer import transient_retry
+from pgqueue.worker.transient import transient_retry
 
 
 def test_transient_retry_policy_has_no_deprecation_warning() -> None:
