@@ -54,6 +54,10 @@ BATCH_SLA_SECONDS = 86_400.0
 DEFAULT_KIND = "anthropic.messages"
 
 
+#: One claim of a job: ``(id, lease_token)`` (:attr:`Job.lease`).
+Lease = tuple[int, str]
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """One claimed job, as the worker sees it.
@@ -75,6 +79,13 @@ class Job:
     lease_token: str
     model: str | None = None
     est_input_tokens: int = 0
+
+    @property
+    def lease(self) -> Lease:
+        """``(id, lease_token)``: this claim of the job. A worker keys its bookkeeping by it,
+        not by the id: a job rescued while its handler still ran (its lease expired) can be
+        claimed again by the same worker, and the two runs must stay apart."""
+        return (self.id, self.lease_token)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:

@@ -53,7 +53,9 @@ def _read_payload(payload: str) -> Any:
 @cli_errors
 def enqueue(
     tenant: Annotated[str, typer.Argument(help="Tenant id.")],
-    origin: Annotated[str, typer.Option(help="user_action | scheduled | batch_job")] = "scheduled",
+    origin: Annotated[
+        str, typer.Option(help="user_action | scheduled | batch_job (any case).")
+    ] = "scheduled",
     sla_seconds: Annotated[float | None, typer.Option(help="SLA in seconds; none = batch.")] = None,
     prompt: Annotated[str | None, typer.Option(help="User message text.")] = None,
     payload: Annotated[
@@ -86,6 +88,10 @@ def enqueue(
             "max_tokens": max_tokens,
             "messages": [{"role": "user", "content": prompt}],
         }
+    # any case, as --tier (found by a tester: --origin USER_ACTION was an unknown origin)
+    lowered = origin.strip().lower()
+    if lowered in {o.value for o in pgqueue.Origin}:
+        origin = lowered
     settings = _settings()
     with psycopg.connect(_dsn(settings, dsn)) as conn:
         job_id = pgqueue.enqueue(

@@ -92,8 +92,9 @@ def count_outcome(outcome: Outcome, state: str | None) -> None:
     """Count one recorded outcome (``OUTCOMES``: succeeded, failed, throttled, deferred,
     interrupted, lease_lost, cancelled, unrecorded), and the reason when the job went back
     to the queue (``RETRIES``). ``state`` is what was recorded: None when the lease was lost,
-    ``cancelled`` when the job was cancelled while it ran, ``unrecorded`` when the write
-    failed or was given up; a success whose result could not be stored counts as failed.
+    ``cancelled`` when the job was cancelled (or its row deleted) while it ran,
+    ``unrecorded`` when the write failed or was given up; a success whose result could not
+    be stored counts as failed.
 
     The labelled children are kept: ``labels()`` takes a lock and builds a key per call, a
     visible part of a no-op job's cost on the worker.

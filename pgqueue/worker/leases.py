@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from pgqueue.db import queries
-from pgqueue.models import Job
+from pgqueue.models import Job, Lease
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -33,11 +33,12 @@ def held_leases(jobs: Iterable[Job]) -> dict[str, Jsonb]:
 
 async def extend(
     pool: AsyncConnectionPool[Any], jobs: list[Job], lease_seconds: float
-) -> set[int] | None:
-    """Extend the leases of ``jobs`` to ``lease_seconds`` from now (database clock).
+) -> set[Lease] | None:
+    """Extend the leases of ``jobs`` (at most one lease per job id) to ``lease_seconds`` from
+    now (database clock).
 
-    Returns the ids whose lease is still held (a row another transaction has locked is
-    skipped this round), or None when the database could not be asked (logged).
+    Returns the leases (:attr:`Job.lease`) still held (a row another transaction has locked
+    is skipped this round), or None when the database could not be asked (logged).
     """
     params = {**held_leases(jobs), "lease_seconds": lease_seconds}
     try:
@@ -46,18 +47,19 @@ async def extend(
     except psycopg.Error as exc:
         log.warning("heartbeat failed (%s); will retry", exc)
         return None
-    return {r["id"] for r in rows}
+    return {(r["id"], r["lease_token"]) for r in rows}
 
 
 async def why_not_extended(
     pool: AsyncConnectionPool[Any], jobs: list[Job]
-) -> dict[int, str] | None:
-    """Why a heartbeat could not extend the leases of ``jobs``, from their committed state
-    and lease token, read without a lock: ``"held"`` (still this lease: another transaction
-    holds the row, a cancel not yet committed or a user's UPDATE; ask again next time),
-    ``"cancelled"`` (``pgqueue.cancel``: stop the handler), or ``"lost"`` (rescued, claimed
-    again, finished or deleted). None on a database error (logged; the next heartbeat asks
-    again). Found by a tester: a held row was taken for a lost lease, for good."""
+) -> dict[Lease, str] | None:
+    """Why a heartbeat could not extend the leases of ``jobs``, by lease, from their committed
+    state and lease token, read without a lock: ``"held"`` (still this lease: another
+    transaction holds the row, a cancel not yet committed or a user's UPDATE; ask again next
+    time), ``"cancelled"`` (``pgqueue.cancel``: stop the handler), ``"deleted"`` (no such row
+    any more: stop the handler too), or ``"lost"`` (rescued, claimed again or finished). None
+    on a database error (logged; the next heartbeat asks again). Found by a tester: a held row
+    was taken for a lost lease, for good."""
     try:
         async with pool.connection() as conn:
             rows = await queries.arun(conn, "job_lease_states", {"ids": [j.id for j in jobs]})
@@ -65,15 +67,18 @@ async def why_not_extended(
         log.warning("could not read the state of jobs whose lease was not extended (%s)", exc)
         return None
     committed = {r["id"]: (r["state"], r["lease_token"]) for r in rows}
-    verdicts: dict[int, str] = {}
+    verdicts: dict[Lease, str] = {}
     for job in jobs:
-        state, token = committed.get(job.id, (None, None))
+        if job.id not in committed:
+            verdicts[job.lease] = "deleted"
+            continue
+        state, token = committed[job.id]
         if state == "running" and token == job.lease_token:
-            verdicts[job.id] = "held"
+            verdicts[job.lease] = "held"
         elif state == "cancelled":
-            verdicts[job.id] = "cancelled"
+            verdicts[job.lease] = "cancelled"
         else:
-            verdicts[job.id] = "lost"
+            verdicts[job.lease] = "lost"
     return verdicts
 
 

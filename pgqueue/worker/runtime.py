@@ -33,7 +33,7 @@ from pgqueue.db.migrate import check_schema
 from pgqueue.handlers.anthropic import KIND as ANTHROPIC_KIND
 from pgqueue.handlers.anthropic import AnthropicMessagesHandler, prepare_for_worker
 from pgqueue.handlers.registry import NOOP_KIND, Registry, noop
-from pgqueue.models import Interrupted, Job, Outcome
+from pgqueue.models import Interrupted, Job, Lease, Outcome
 from pgqueue.observability import metrics
 from pgqueue.settings import Settings
 from pgqueue.worker import leases, shutdown, upkeep
@@ -123,16 +123,20 @@ class Worker:
         self._abandon = asyncio.Event()
         self._stopping = False
         self._hard_stop = False
-        self._inflight: dict[int, tuple[Job, asyncio.Task[None]]] = {}
+        # Keyed by lease (Job.lease: id and token), not by id: a job whose lease expired while
+        # its handler ran can be claimed again by this worker, a second run of the same id.
+        self._inflight: dict[Lease, tuple[Job, asyncio.Task[None]]] = {}
         # jobs whose handler is done and whose success waits for the completer's next flush
-        self._flushing: dict[int, tuple[Job, asyncio.Task[None]]] = {}
-        self._lost: set[int] = set()
-        # jobs cancelled while their handler ran (pgqueue.cancel): the handler is stopped and
-        # nothing is written (the row already says cancelled)
-        self._cancelled: set[int] = set()
+        self._flushing: dict[Lease, tuple[Job, asyncio.Task[None]]] = {}
+        # the newest lease of each job id this worker runs or records
+        self._newest: dict[int, Lease] = {}
+        self._lost: set[Lease] = set()
+        # jobs withdrawn while their handler ran, and how: "cancelled" (pgqueue.cancel) or
+        # "deleted" (the row is gone). The handler is stopped and nothing is written.
+        self._withdrawn: dict[Lease, str] = {}
         # jobs whose handler is done and whose outcome is being written: a heartbeat that no
         # longer finds them saw that write, not a lost lease
-        self._recording: set[int] = set()
+        self._recording: set[Lease] = set()
         # one rescue at a time in this process, so that the burst exit waits for a rescue
         # the background rescuer has under way
         self._rescue_lock = asyncio.Lock()
@@ -166,7 +170,7 @@ class Worker:
         attempt used (found by a tester, with a hard stop or a grace period ending while
         failures were being recorded)."""
         for job, task in list(self._inflight.values()):
-            if job.id not in self._recording and (tasks is None or task in tasks):
+            if job.lease not in self._recording and (tasks is None or task in tasks):
                 task.cancel()
 
     def _on_signal(self) -> None:
@@ -385,8 +389,9 @@ class Worker:
             claimed += 1
             job = Job.from_row(row)
             by_tier[job.priority.value] += 1
+            self._claimed_again(job)
             task = asyncio.create_task(self._run_job(job, deadline), name=f"pgqueue-job-{job.id}")
-            self._inflight[job.id] = (job, task)
+            self._inflight[job.lease] = (job, task)
             if self._stopping:
                 # A claim under way when the stop came (found by a tester: one that waited out
                 # an outage started its jobs after "no new claims"): its jobs never start, and
@@ -397,6 +402,21 @@ class Worker:
         self.stats.claimed += claimed
         metrics.SLOTS_IN_USE.set(len(self._inflight))
         return claimed
+
+    def _claimed_again(self, job: Job) -> None:
+        """Note ``job``'s lease as the newest of its id. An earlier lease of the same id that
+        this worker still runs or records expired and was rescued (the claim proves it): it is
+        lost, its outcome will be fenced off, and the heartbeat stops asking for it."""
+        earlier = self._newest.get(job.id)
+        self._newest[job.id] = job.lease
+        if earlier is not None and earlier not in self._lost:
+            self._lost.add(earlier)
+            self.stats.lost_leases += 1
+            log.warning(
+                "job %s: claimed again by this worker while an earlier run still goes on "
+                "(its lease expired); the earlier run's outcome will be dropped",
+                job.id,
+            )
 
     async def _queued_kinds(self, kinds: list[str]) -> list[str]:
         """Which of ``kinds`` still have queued jobs (none asked: no statement); an empty list
@@ -432,20 +452,21 @@ class Worker:
                 outcome = Interrupted()
             finally:
                 deadline.finish()
-            if job.id in self._cancelled:
-                log.info("job %s: cancelled while running; its handler was stopped", job.id)
+            withdrawn = self._withdrawn.get(job.lease)
+            if withdrawn is not None:
+                log.info("job %s: %s while running; its handler was stopped", job.id, withdrawn)
                 self._count(outcome, "cancelled")
                 return
             if job.kind not in self.registry:  # no handler here: a burst worker won't wait
                 self._cannot_run.add(job.kind)
-            self._recording.add(job.id)
+            self._recording.add(job.lease)
             if len(self._flushing) < self.concurrency and self._completer.batches(job, outcome):
                 # Write-behind: the handler is done, so its slot frees now and the next claim
                 # overlaps the flush that records this success. The lease stays held (the
                 # heartbeat covers flushing jobs); at most `concurrency` wait like this.
                 task = asyncio.current_task()
                 assert task is not None
-                self._flushing[job.id] = (job, task)
+                self._flushing[job.lease] = (job, task)
                 self._release(job)
                 released = True
             try:
@@ -466,16 +487,18 @@ class Worker:
                 state = UNRECORDED
             self._count(outcome, state)
         finally:
-            self._flushing.pop(job.id, None)
-            self._recording.discard(job.id)
-            self._lost.discard(job.id)
-            self._cancelled.discard(job.id)
+            self._flushing.pop(job.lease, None)
+            self._recording.discard(job.lease)
+            self._lost.discard(job.lease)
+            self._withdrawn.pop(job.lease, None)
+            if self._newest.get(job.id) == job.lease:
+                del self._newest[job.id]
             if not released:
                 self._release(job)
 
     def _release(self, job: Job) -> None:
         """Free the job's slot and wake the producer."""
-        self._inflight.pop(job.id, None)
+        self._inflight.pop(job.lease, None)
         metrics.SLOTS_IN_USE.set(len(self._inflight))
         self._wake.set()
 
@@ -492,6 +515,9 @@ class Worker:
         pending = await shutdown.wait_all(
             tasks, self.settings.shutdown_grace_seconds, self._hard_stopped
         )
+        if self._stopping and self._completer is not None:
+            # the grace period is over: a write waiting for a row someone else holds gives up
+            self._completer.stop_waiting_for_held_rows()
         self._cancel_handlers(pending)
         await self._final_writes(pending)
         await self._interrupt_unstarted()
@@ -540,7 +566,12 @@ class Worker:
         A job whose outcome is being written is not flagged: its write may have committed
         while the heartbeat waited (the completer reports a lost lease itself)."""
         assert self._pool is not None
-        jobs = [job for job, _task in (*self._inflight.values(), *self._flushing.values())]
+        # a lost lease is not asked for: its id may be held again, by a newer run here
+        jobs = [
+            job
+            for job, _task in (*self._inflight.values(), *self._flushing.values())
+            if job.lease not in self._lost
+        ]
         if not jobs:
             return
         held = await leases.extend(self._pool, jobs, self.settings.lease_seconds)
@@ -550,29 +581,31 @@ class Worker:
             job
             for job in jobs
             # flushing jobs are recording: only a handler still running can lose its lease
-            if job.id not in held
-            and job.id in self._inflight
-            and job.id not in self._recording
-            and job.id not in self._lost
+            if job.lease not in held
+            and job.lease in self._inflight
+            and job.lease not in self._recording
         ]
         if not unextended:
             return
         verdicts = await leases.why_not_extended(self._pool, unextended)
         if verdicts is None:
             return
-        for job_id, verdict in verdicts.items():
-            entry = self._inflight.get(job_id)
-            if verdict == "held" or entry is None or job_id in self._recording:
+        for lease, verdict in verdicts.items():
+            entry = self._inflight.get(lease)
+            if verdict == "held" or entry is None or lease in self._recording:
                 continue  # ask again next time; or its outcome is being written meanwhile
-            if verdict == "cancelled":
-                # pgqueue.cancel: stop the handler now, so the slot frees and no more of the
-                # provider's time is spent on an answer nobody will store
-                self._cancelled.add(job_id)
+            if lease in self._lost:
+                continue  # a claim of the same id found it lost meanwhile
+            if verdict in ("cancelled", "deleted"):
+                # pgqueue.cancel, or the row deleted by hand: stop the handler now, so the slot
+                # frees and no more of the provider's time is spent on an answer nobody will
+                # store (a deleted job's handler ran to its end: found by a tester)
+                self._withdrawn[lease] = verdict
                 entry[1].cancel()
                 continue
-            self._lost.add(job_id)
+            self._lost.add(lease)
             self.stats.lost_leases += 1
-            log.warning("job %s: lease lost; its outcome will be dropped", job_id)
+            log.warning("job %s: lease lost; its outcome will be dropped", lease[0])
 
     async def _rescue_loop(self) -> None:
         assert self._pool is not None

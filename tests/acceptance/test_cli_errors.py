@@ -112,6 +112,18 @@ def test_bad_enqueue_input_writes_nothing(db_dsn, tmp_path):
     )
 
 
+def test_origin_in_any_case(db_dsn):
+    """Found by a tester: `--origin USER_ACTION` was an unknown origin, while `--tier` takes any
+    case. The origin is matched as tiers are; an unknown one is still refused."""
+    result = run("enqueue", "acme", "--prompt", "x", "--origin", " User_Action ", "--dsn", db_dsn)
+    assert result.exit_code == 0, result.stderr
+    with psycopg.connect(db_dsn) as conn:
+        row = conn.execute("SELECT origin::text, priority::text FROM pgqueue.jobs").fetchone()
+    assert row == ("user_action", "critical")
+    result = run("enqueue", "acme", "--prompt", "x", "--origin", "URGENT", "--dsn", db_dsn)
+    assert result.exit_code == 2 and "UnknownOrigin" in result.stderr
+
+
 def test_option_ranges(db_dsn):
     assert run("demo", "--speedup", "0").exit_code == 2
     assert run("sandbox", "--port", "99999").exit_code == 2

@@ -165,3 +165,39 @@ async def test_a_heartbeat_during_an_uncommitted_cancel_still_stops_the_handler(
         stats = await asyncio.wait_for(run, 30)
     assert stats.outcomes["cancelled"] == 1, stats
     assert stats.lost_leases == 0, stats
+
+
+@pytest.mark.timeout(60)
+async def test_a_running_job_deleted_by_hand_stops_its_handler(db_dsn: str) -> None:
+    """Found by a tester: a running job whose row was deleted (a hand ``DELETE``) kept its
+    handler running to the end, spending the provider's time on an answer nobody can store.
+    The heartbeat that finds no row stops the handler, as for a cancel."""
+    registry = Registry()
+    started = asyncio.Event()
+    stopped: list[int] = []
+
+    @registry.handler("test.hold")
+    async def hold(job: Job) -> dict[str, Any]:
+        started.set()
+        try:
+            await asyncio.sleep(45)
+        except asyncio.CancelledError:
+            stopped.append(job.id)
+            raise
+        return {}
+
+    held, worker, run = _one_job_and_a_worker(db_dsn, registry, "test.hold", 2)
+    try:
+        await asyncio.wait_for(started.wait(), 20)
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            conn.execute("DELETE FROM pgqueue.jobs WHERE id = %s", (held,))
+        for _ in range(100):
+            if stopped:
+                break
+            await asyncio.sleep(0.1)
+        assert stopped == [held]
+    finally:
+        worker.request_stop()
+        stats = await asyncio.wait_for(run, 30)
+    assert stats.outcomes["cancelled"] == 1, stats
+    assert stats.lost_leases == 0, stats

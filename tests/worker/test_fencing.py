@@ -188,7 +188,9 @@ def test_stale_interrupt_and_heartbeat_are_fenced(auto: Conn) -> None:
     assert _row(auto, new["id"])["lease_expires_at"] == before
     # the owner's heartbeat extends its lease
     owner_beat = {**heartbeat, "held": Jsonb({str(new["id"]): [TENANT, new["lease_token"]]})}
-    assert queries.run(auto, "job_heartbeat", owner_beat) == [{"id": new["id"]}]
+    assert queries.run(auto, "job_heartbeat", owner_beat) == [
+        {"id": new["id"], "lease_token": new["lease_token"]}
+    ]
     assert _row(auto, new["id"])["lease_expires_at"] > before
 
 

@@ -197,3 +197,55 @@ async def test_a_success_held_past_the_retry_window_is_never_recorded_as_failed(
             "SELECT state::text, last_error FROM pgqueue.jobs WHERE id = %s", (job.id,)
         ).fetchone()
     assert state == ("running", None)
+
+
+@pytest.mark.timeout(90)
+async def test_a_stop_does_not_wait_out_writes_on_held_rows(
+    db_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by a tester: a stop while outcome writes waited on rows another transaction held
+    took ~35-50 s: past the grace period, each write went on trying for its whole retry window
+    until the stop's final wait (10 s, twice) cut it off. Once the grace period is over, such a
+    write gives up at its next try; its job comes back when its lease expires."""
+    registry = Registry()
+    release = asyncio.Event()
+    started = 0
+    all_started = asyncio.Event()
+    held_count = 3
+
+    @registry.handler("test.gate")
+    async def gate(job: Job) -> dict[str, Any]:
+        nonlocal started
+        started += 1
+        if started == held_count:
+            all_started.set()
+        await release.wait()
+        raise RuntimeError("boom")  # a retry: an outcome write of its own
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        held = pgqueue.enqueue_many(
+            conn, [JobSpec("held", "scheduled", {}, kind="test.gate")] * held_count
+        )
+    settings = Settings(heartbeat_seconds=0.3, poll_interval_seconds=0.2, shutdown_grace_seconds=1)
+    worker = Worker(db_dsn, settings, registry, concurrency=5)
+    run = asyncio.create_task(worker.run(install_signal_handlers=False))
+    locker = await psycopg.AsyncConnection.connect(db_dsn)
+    try:
+        await asyncio.wait_for(all_started.wait(), 30)
+        await locker.execute("SET statement_timeout = '60s'")
+        await locker.execute("SELECT id FROM pgqueue.jobs WHERE id = ANY(%s) FOR UPDATE", (held,))
+        release.set()  # three writes now meet held rows, and try again and again
+        await asyncio.sleep(1.0)
+        worker.request_stop()
+        stats = await asyncio.wait_for(run, 60)
+    finally:
+        await locker.rollback()
+        await locker.close()
+    assert stats.outcomes["unrecorded"] == held_count, stats
+    # given up by the writes themselves, not cut off by the stop's final wait
+    assert not [r for r in caplog.records if "not recorded after" in r.getMessage()]
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        left: Any = conn.execute(
+            "SELECT count(*) FROM pgqueue.jobs WHERE id = ANY(%s) AND state = 'running'", (held,)
+        ).fetchone()
+    assert left == (held_count,)  # back to the queue when their leases expire

@@ -26,7 +26,8 @@ WHERE id = %(id)s AND tenant_id = %(tenant_id)s
   AND state = 'running' AND lease_token = %(lease_token)s::uuid
 
 -- name: job_complete_many :many
--- Fenced, batched: the successes of many jobs in one statement; returns the ids recorded.
+-- Fenced, batched: the successes of many jobs in one statement; returns the leases recorded
+-- (id, lease token).
 -- The batch is ONE jsonb object,
 -- {"<id>": [tenant_id, lease_token, result, input_tokens, output_tokens], ...}
 -- (pgqueue.worker.completer.success_batch): building six typed arrays instead cost the worker
@@ -61,7 +62,7 @@ SET state = 'succeeded',
     last_error = NULL,
     lease_expires_at = NULL
 WHERE j.ctid = ANY (ARRAY(SELECT held.row_id FROM held))
-RETURNING j.id
+RETURNING j.id, j.lease_token::text AS lease_token
 
 -- name: job_retry :one
 -- Fenced. Back to the queue after a delay, or failed once attempts are spent or the error is
@@ -123,7 +124,9 @@ WHERE id = %(id)s AND tenant_id = %(tenant_id)s
   AND state = 'running' AND lease_token = %(lease_token)s::uuid
 
 -- name: job_heartbeat :many
--- Extends the leases this worker still holds; returns the ids whose lease it still holds.
+-- Extends the leases this worker still holds; returns the id and lease token of each lease it
+-- still holds (the worker keys its jobs by both: a job rescued and claimed again by the same
+-- worker runs there twice, under two leases).
 -- The leases are ONE jsonb object {"<id>": [tenant_id, lease_token], ...}
 -- (pgqueue.worker.leases.held_leases), the rows found by `id = ANY (ids)` on jobs_pkey,
 -- as in job_complete_many: joined to arrays of leases, the update was planned as a scan of
@@ -143,7 +146,7 @@ WITH held AS (  -- locked by this statement: their TIDs cannot change before the
 UPDATE pgqueue.jobs j
 SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
 WHERE j.ctid = ANY (ARRAY(SELECT held.row_id FROM held))
-RETURNING j.id
+RETURNING j.id, j.lease_token::text AS lease_token
 
 -- name: job_rescue :many
 -- Jobs whose lease expired (their worker died) go back to the queue, or fail once their
