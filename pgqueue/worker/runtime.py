@@ -389,9 +389,9 @@ class Worker:
             claimed += 1
             job = Job.from_row(row)
             by_tier[job.priority.value] += 1
-            self._claimed_again(job)
+            lease = self._claimed_again(job)
             task = asyncio.create_task(self._run_job(job, deadline), name=f"pgqueue-job-{job.id}")
-            self._inflight[job.lease] = (job, task)
+            self._inflight[lease] = (job, task)
             if self._stopping:
                 # A claim under way when the stop came (found by a tester: one that waited out
                 # an outage started its jobs after "no new claims"): its jobs never start, and
@@ -403,12 +403,14 @@ class Worker:
         metrics.SLOTS_IN_USE.set(len(self._inflight))
         return claimed
 
-    def _claimed_again(self, job: Job) -> None:
-        """Note ``job``'s lease as the newest of its id. An earlier lease of the same id that
-        this worker still runs or records expired and was rescued (the claim proves it): it is
-        lost, its outcome will be fenced off, and the heartbeat stops asking for it."""
+    def _claimed_again(self, job: Job) -> Lease:
+        """Note ``job``'s lease as the newest of its id, and return it. An earlier lease of the
+        same id that this worker still runs or records expired and was rescued (the claim
+        proves it): it is lost, its outcome will be fenced off, and the heartbeat stops asking
+        for it."""
+        lease = job.lease
         earlier = self._newest.get(job.id)
-        self._newest[job.id] = job.lease
+        self._newest[job.id] = lease
         if earlier is not None and earlier not in self._lost:
             self._lost.add(earlier)
             self.stats.lost_leases += 1
@@ -417,6 +419,7 @@ class Worker:
                 "(its lease expired); the earlier run's outcome will be dropped",
                 job.id,
             )
+        return lease
 
     async def _queued_kinds(self, kinds: list[str]) -> list[str]:
         """Which of ``kinds`` still have queued jobs (none asked: no statement); an empty list
@@ -445,6 +448,7 @@ class Worker:
         assert self._completer is not None
         outcome: Outcome
         released = False
+        lease = job.lease
         try:
             try:
                 outcome = await execute(job, self.registry, self.settings, self._rng, deadline)
@@ -452,21 +456,21 @@ class Worker:
                 outcome = Interrupted()
             finally:
                 deadline.finish()
-            withdrawn = self._withdrawn.get(job.lease)
+            withdrawn = self._withdrawn.get(lease)
             if withdrawn is not None:
                 log.info("job %s: %s while running; its handler was stopped", job.id, withdrawn)
                 self._count(outcome, "cancelled")
                 return
             if job.kind not in self.registry:  # no handler here: a burst worker won't wait
                 self._cannot_run.add(job.kind)
-            self._recording.add(job.lease)
+            self._recording.add(lease)
             if len(self._flushing) < self.concurrency and self._completer.batches(job, outcome):
                 # Write-behind: the handler is done, so its slot frees now and the next claim
                 # overlaps the flush that records this success. The lease stays held (the
                 # heartbeat covers flushing jobs); at most `concurrency` wait like this.
                 task = asyncio.current_task()
                 assert task is not None
-                self._flushing[job.lease] = (job, task)
+                self._flushing[lease] = (job, task)
                 self._release(job)
                 released = True
             try:
@@ -487,11 +491,11 @@ class Worker:
                 state = UNRECORDED
             self._count(outcome, state)
         finally:
-            self._flushing.pop(job.lease, None)
-            self._recording.discard(job.lease)
-            self._lost.discard(job.lease)
-            self._withdrawn.pop(job.lease, None)
-            if self._newest.get(job.id) == job.lease:
+            self._flushing.pop(lease, None)
+            self._recording.discard(lease)
+            self._lost.discard(lease)
+            self._withdrawn.pop(lease, None)
+            if self._newest.get(job.id) == lease:
                 del self._newest[job.id]
             if not released:
                 self._release(job)
