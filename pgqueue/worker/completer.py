@@ -23,6 +23,7 @@ from pgqueue.scheduling.ratelimit import LimitHeader, parse_ratelimit_headers
 from pgqueue.settings import Settings
 from pgqueue.worker.transient import (
     HELD_ROW_WAIT_MS,
+    first_line,
     is_held_row,
     is_transient,
     run_named,
@@ -85,8 +86,6 @@ class Completer:
         self._closing = False
         # writes of single outcomes under way, shielded from their caller's cancellation
         self._writes: set[asyncio.Task[str | None]] = set()
-        # cleared by a stopping worker: writes no longer wait for rows other transactions hold
-        self._wait_for_held_rows = True
 
     def start(self) -> None:
         """Start the flusher task (on the running loop)."""
@@ -114,14 +113,6 @@ class Completer:
             write.cancel()
         _fail_abandoned(self._pending)
         self._pending.clear()
-
-    def stop_waiting_for_held_rows(self) -> None:
-        """Writes under way give up at their next try on a row another transaction holds (a
-        user's open transaction), instead of trying again for the whole retry window: for a
-        stopping worker, whose grace period is over (found by a tester: a stop with such
-        writes took ~35-50 s, not the grace period). Their jobs come back to the queue when
-        their leases expire."""
-        self._wait_for_held_rows = False
 
     def batches(self, job: Job, outcome: Outcome) -> bool:
         """Whether :meth:`record` writes this outcome with the next batch (a success that
@@ -151,7 +142,9 @@ class Completer:
             error = None if task.cancelled() else task.exception()  # (retrieved: no GC warning)
             if error is not None and waiter.cancelled():  # its caller is gone: say it here
                 log.warning(
-                    "job %s: could not record its outcome (%s); the rescuer will", job.id, error
+                    "job %s: could not record its outcome (%s); the rescuer will",
+                    job.id,
+                    first_line(error),
                 )
 
         write.add_done_callback(done)
@@ -256,9 +249,7 @@ class Completer:
         limiter = self._limiter_statement(job, outcome)
         written = False
         result: Any = None
-        async for attempt in transient_retry(
-            self._retry_seconds, held_rows=True, keep_waiting=lambda: self._wait_for_held_rows
-        ):
+        async for attempt in transient_retry(self._retry_seconds, held_rows=True):
             with attempt:
                 async with self._write_slots, self._pool.connection() as conn:
                     # A retry after the job's own statement committed runs only the limiter's:
@@ -283,24 +274,28 @@ class Completer:
         else:
             state = None if result is None else str(result["state"])
         if state is None:
-            if await self._cancelled(job):
-                log.info("job %s: cancelled while running; its outcome was dropped", job.id)
+            withdrawn = await self._withdrawn(job)
+            if withdrawn is not None:
+                log.info("job %s: %s while running; its outcome was dropped", job.id, withdrawn)
                 return "cancelled"
             log.warning(
                 "job %s: lease lost before its outcome was recorded; outcome dropped", job.id
             )
         return state
 
-    async def _cancelled(self, job: Job) -> bool:
-        """Whether a job whose outcome write found no row was cancelled (``pgqueue.cancel``),
-        rather than rescued after a lost lease (found by a tester: cancellations were logged
-        as lost leases, a warning operators alert on). False when it cannot be told."""
+    async def _withdrawn(self, job: Job) -> str | None:
+        """Why an outcome write found no row, when the job was withdrawn: ``"cancelled"``
+        (``pgqueue.cancel``) or ``"deleted"`` (no such row any more), rather than rescued after
+        a lost lease (found by a tester: cancellations were logged as lost leases, a warning
+        operators alert on). None when it was not, or cannot be told."""
         try:
             async with self._write_slots, self._pool.connection() as conn:
                 rows = await queries.arun(conn, "job_lease_states", {"ids": [job.id]})
         except psycopg.Error:
-            return False
-        return bool(rows) and rows[0]["state"] == "cancelled"
+            return None
+        if not rows:
+            return "deleted"
+        return "cancelled" if rows[0]["state"] == "cancelled" else None
 
     def _limiter_statement(self, job: Job, outcome: Outcome) -> tuple[str, dict[str, Any]] | None:
         """What the shared rate limiter learns from this outcome (rate-limited jobs only)."""

@@ -66,14 +66,16 @@ async def why_not_extended(
     except psycopg.Error as exc:
         log.warning("could not read the state of jobs whose lease was not extended (%s)", exc)
         return None
-    committed = {r["id"]: (r["state"], r["lease_token"]) for r in rows}
+    committed = {r["id"]: (r["state"], r["lease_token"], r["tenant_id"]) for r in rows}
     verdicts: dict[Lease, str] = {}
     for job in jobs:
         if job.id not in committed:
             verdicts[job.lease] = "deleted"
             continue
-        state, token = committed[job.id]
-        if state == "running" and token == job.lease_token:
+        state, token, tenant = committed[job.id]
+        # (a job moved to another tenant by hand is lost: every write is fenced by the tenant
+        # too, so it was "held" at every heartbeat until its lease ran out; found by a tester)
+        if state == "running" and token == job.lease_token and tenant == job.tenant_id:
             verdicts[job.lease] = "held"
         elif state == "cancelled":
             verdicts[job.lease] = "cancelled"

@@ -46,7 +46,13 @@ from pgqueue.worker.outage import (
     PRODUCER_RETRY_SECONDS,
     OutageLog,
 )
-from pgqueue.worker.transient import is_held_row, is_transient, run_named, transient_retry
+from pgqueue.worker.transient import (
+    first_line,
+    is_held_row,
+    is_transient,
+    run_named,
+    transient_retry,
+)
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -121,6 +127,8 @@ class Worker:
         self._hard_stopped = asyncio.Event()
         # set by a signal after a hard stop: stop waiting for outcome writes
         self._abandon = asyncio.Event()
+        # when the stop's last waits for outcome writes end (loop time; set by the first)
+        self._final_deadline: float | None = None
         self._stopping = False
         self._hard_stop = False
         # Keyed by lease (Job.lease: id and token), not by id: a job whose lease expired while
@@ -333,7 +341,7 @@ class Worker:
             due = await self._next_due()
             if (
                 self.burst
-                and not self._inflight
+                and len(self._inflight) == len(self._lost_runs())  # none that can be stored
                 and (due is None or due > self.settings.burst_horizon_seconds)
             ):
                 if await self._rescue_once():
@@ -484,7 +492,7 @@ class Worker:
                         "job %s: could not record its outcome (%s); it runs again when its "
                         "lease expires",
                         job.id,
-                        exc,
+                        first_line(exc),
                     )
                 else:
                     log.exception("job %s: could not record its outcome; the rescuer will", job.id)
@@ -516,21 +524,35 @@ class Worker:
         # once (found by a tester: they ran on for the whole grace period).
         if self._hard_stop:
             self._cancel_handlers()
+        else:
+            # A run whose lease is lost (rescued, or superseded by this worker's newer claim of
+            # the same job) can store nothing: it is not waited for (found by a tester: a stop
+            # and a burst exit waited for such a run for the whole grace period).
+            self._cancel_handlers(self._lost_runs())
         pending = await shutdown.wait_all(
             tasks, self.settings.shutdown_grace_seconds, self._hard_stopped
         )
-        if self._stopping and self._completer is not None:
-            # the grace period is over: a write waiting for a row someone else holds gives up
-            self._completer.stop_waiting_for_held_rows()
         self._cancel_handlers(pending)
         await self._final_writes(pending)
         await self._interrupt_unstarted()
 
+    def _lost_runs(self) -> list[asyncio.Task[None]]:
+        """The tasks of the jobs in flight whose lease is lost."""
+        return [task for lease, (_job, task) in self._inflight.items() if lease in self._lost]
+
     async def _final_writes(
         self, tasks: Collection[asyncio.Future[Any]], what: str = "job(s)"
     ) -> bool:
-        """:func:`shutdown.final_writes`, ended early by another signal after a hard stop."""
-        return await shutdown.final_writes(tasks, self._abandon, what)
+        """:func:`shutdown.final_writes`, ended early by another signal after a hard stop. Every
+        such wait of one stop shares one budget of ``FINAL_WRITES_SECONDS`` from the first:
+        found by a tester, a stop whose writes met rows another transaction held waited the
+        budget once for the jobs' own writes, again for the batched successes and again for
+        the successes waiting on them (~35-50 s with the 30 s grace period)."""
+        loop = asyncio.get_running_loop()
+        if self._final_deadline is None:
+            self._final_deadline = loop.time() + shutdown.FINAL_WRITES_SECONDS
+        left = self._final_deadline - loop.time()
+        return await shutdown.final_writes(tasks, self._abandon, what, left)
 
     async def _interrupt_unstarted(self) -> None:
         """Return to the queue the jobs whose task was cancelled before its first step (a hard

@@ -2,10 +2,12 @@
 worker has stopped.
 
 A stop gives running handlers the grace period (a hard stop ends it); the outcome writes still
-under way then get :data:`FINAL_WRITES_SECONDS` more, or less if another signal comes, and what
-is left is abandoned: those jobs stay ``running`` until their leases expire and the rescuer puts
-them back. Found by a tester: a write stuck on a database that stopped answering, or on rows
-another transaction held locked, kept a stopping worker alive through any number of signals.
+under way then get :data:`FINAL_WRITES_SECONDS` more in all (one budget shared by every wait of
+the stop: the jobs' own writes, the batched successes, the successes waiting for them), or less
+if another signal comes, and what is left is abandoned: those jobs stay ``running`` until their
+leases expire and the rescuer puts them back. Found by a tester: a write stuck on a database
+that stopped answering, or on rows another transaction held locked, kept a stopping worker
+alive through any number of signals.
 """
 
 from __future__ import annotations
@@ -52,15 +54,20 @@ async def wait_all(
 
 
 async def final_writes(
-    tasks: Collection[asyncio.Future[Any]], abandon: asyncio.Event, what: str = "job(s)"
+    tasks: Collection[asyncio.Future[Any]],
+    abandon: asyncio.Event,
+    what: str = "job(s)",
+    seconds: float | None = None,
 ) -> bool:
     """Wait for ``tasks`` (jobs writing their outcomes, or the completer closing: ``what`` they
-    are, for the log) for at most :data:`FINAL_WRITES_SECONDS`, or until ``abandon`` is set
-    (another signal); cancel what is left then, saying so with the time actually waited, and
-    return whether everything finished."""
+    are, for the log) for at most ``seconds`` (default :data:`FINAL_WRITES_SECONDS`; what is
+    left of the stop's budget), or until ``abandon`` is set (another signal); cancel what is
+    left then, saying so with the time actually waited, and return whether everything
+    finished."""
     loop = asyncio.get_running_loop()
     began = loop.time()
-    remaining = await wait_all(tasks, FINAL_WRITES_SECONDS, abandon)
+    budget = FINAL_WRITES_SECONDS if seconds is None else max(0.0, seconds)
+    remaining = await wait_all(tasks, budget, abandon)
     if remaining:
         # Writes that just failed or finished (an abandoned batch) settle within a few loop
         # turns: without this they were counted again after the stop had already reported them

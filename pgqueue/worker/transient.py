@@ -6,7 +6,6 @@ Used by the producer (claims), the completer (outcome writes) and the background
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -39,6 +38,13 @@ def is_transient(exc: BaseException) -> bool:
     return state is None or state[:2] in _TRANSIENT_CLASSES
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (a Postgres error also carries CONTEXT and DETAIL
+    lines: found by a tester, a one-line warning spanned two), or its type's name."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 #: How long an outcome write of its own waits for a row another transaction holds before it
 #: lets go of its connection and tries again later (``lock_timeout``, milliseconds).
 HELD_ROW_WAIT_MS = 500
@@ -51,26 +57,18 @@ def is_held_row(exc: BaseException) -> bool:
 
 
 def transient_retry(
-    give_up_after_seconds: float = 30.0,
-    *,
-    held_rows: bool = False,
-    keep_waiting: Callable[[], bool] | None = None,
+    give_up_after_seconds: float = 30.0, *, held_rows: bool = False
 ) -> AsyncRetrying:
     """A tenacity policy for transient database errors (deadlock, serialization failure,
     lost connection): full-jitter exponential waits up to 3 s, for at most
     ``give_up_after_seconds`` (30 s by default: long enough to ride out a Postgres restart;
     outcome writes use the lease instead, see :class:`pgqueue.worker.completer.Completer`).
     With ``held_rows``, a row another transaction holds (:func:`is_held_row`) is tried again
-    too, while ``keep_waiting()`` (if given) is true: a stopping worker stops waiting for
-    held rows, whose jobs come back when their leases expire."""
-
-    def retried(exc: BaseException) -> bool:
-        if is_transient(exc):
-            return True
-        return held_rows and is_held_row(exc) and (keep_waiting is None or keep_waiting())
-
+    too."""
     return AsyncRetrying(
-        retry=retry_if_exception(retried),
+        retry=retry_if_exception(
+            (lambda e: is_transient(e) or is_held_row(e)) if held_rows else is_transient
+        ),
         wait=wait_random_exponential(multiplier=0.05, max=3.0),
         stop=stop_after_delay(give_up_after_seconds),
         reraise=True,

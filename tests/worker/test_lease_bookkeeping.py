@@ -14,9 +14,9 @@ from psycopg_pool import AsyncConnectionPool
 import pgqueue
 from pgqueue import JobSpec
 from pgqueue.db import queries
-from pgqueue.models import Job
+from pgqueue.models import Job, Succeeded
 from pgqueue.settings import Settings
-from pgqueue.worker.completer import success_batch
+from pgqueue.worker.completer import Completer, success_batch
 from pgqueue.worker.leases import held_leases
 from pgqueue.worker.runtime import Worker
 
@@ -109,3 +109,36 @@ def test_a_heartbeat_skips_a_row_another_transaction_holds(db_dsn: str) -> None:
             )
         assert [r["id"] for r in rows] == [second.id]
         other.rollback()
+
+
+async def test_a_job_moved_to_another_tenant_is_a_lost_lease_not_a_held_row(db_dsn: str) -> None:
+    """Found by a tester: a running job moved to another tenant by hand was judged "held" at
+    every heartbeat (its lease token still matched), never extended, and lost silently when
+    its lease ran out. Every write is fenced by the tenant too: it is lost at once."""
+    from pgqueue.worker import leases
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        pgqueue.enqueue_many(
+            conn,
+            [pgqueue.JobSpec(t, "scheduled", {}, kind="pgqueue.noop") for t in ("a", "b", "c")],
+        )
+        rows = queries.run(conn, "job_claim", {"limit": 3, "worker_id": "w", "lease_seconds": 60})
+        moved, kept, deleted = (Job.from_row(r) for r in rows)
+        conn.execute(
+            "UPDATE pgqueue.jobs SET tenant_id = %s WHERE id = %s", (kept.tenant_id, moved.id)
+        )
+        conn.execute("DELETE FROM pgqueue.jobs WHERE id = %s", (deleted.id,))
+    pool = AsyncConnectionPool(db_dsn, min_size=1, max_size=2, open=False)
+    await pool.open()
+    try:
+        verdicts = await leases.why_not_extended(pool, [moved, kept, deleted])
+        # a success of the deleted job, written after the delete: withdrawn, not a lost lease
+        # (found by a tester: counted lease_lost, with the lost-lease warning)
+        completer = Completer(pool, Settings())
+        completer.start()
+        state = await completer.record(deleted, Succeeded({}))
+        await completer.aclose()
+    finally:
+        await pool.close()
+    assert verdicts == {moved.lease: "lost", kept.lease: "held", deleted.lease: "deleted"}
+    assert state == "cancelled"

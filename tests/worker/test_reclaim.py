@@ -113,3 +113,47 @@ async def test_a_job_claimed_again_by_its_own_worker_keeps_both_runs_apart(db_ds
     assert stats.outcomes["succeeded"] == 4, stats
     assert stats.outcomes["lease_lost"] == 1, stats
     assert most_running == 2
+
+
+@pytest.mark.timeout(90)
+async def test_a_stop_does_not_wait_for_a_run_whose_lease_is_lost(db_dsn: str) -> None:
+    """Found by a tester: with two runs of one job in a worker, a stop (and a burst exit) waited
+    for the earlier run for the whole grace period, though nothing it returns can be stored.
+    A run whose lease is lost is stopped at once when the worker stops."""
+    registry = Registry()
+    runs: list[str] = []
+    second_started = asyncio.Event()
+    earlier_stopped = asyncio.Event()
+
+    @registry.handler("test.twice")
+    async def twice(job: Job) -> dict[str, Any]:
+        runs.append(job.lease_token)
+        if len(runs) == 1:
+            try:
+                await asyncio.sleep(120)  # the earlier run never ends by itself
+            except asyncio.CancelledError:
+                earlier_stopped.set()
+                raise
+        else:
+            second_started.set()
+        return {}
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        [job_id] = pgqueue.enqueue_many(conn, [JobSpec("a", "scheduled", {}, kind="test.twice")])
+    assert job_id is not None
+    settings = Settings(heartbeat_seconds=0.2, poll_interval_seconds=0.1, shutdown_grace_seconds=60)
+    worker = Worker(db_dsn, settings, registry, concurrency=2, burst=True)
+    run = asyncio.create_task(worker.run(install_signal_handlers=False))
+    for _ in range(200):
+        if runs:
+            break
+        await asyncio.sleep(0.05)
+    _expire_and_rescue(db_dsn, job_id)
+    await asyncio.wait_for(second_started.wait(), 20)
+    # the newer run is done: the burst worker has nothing left but the lost run
+    stats = await asyncio.wait_for(run, 20)  # not the 60 s grace period
+    assert earlier_stopped.is_set()
+    assert stats.outcomes["succeeded"] == 1 and stats.outcomes["lease_lost"] == 1, stats
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        row: Any = conn.execute("SELECT state::text FROM pgqueue.jobs WHERE id = %s", (job_id,))
+        assert row.fetchone() == ("succeeded",)

@@ -244,7 +244,7 @@ SELECT pgqueue.cancel_queued(%(tenant_id)s, %(tier)s::pgqueue.tier, %(reason)s) 
 -- heartbeat, which could not extend their leases (cancelled? merely locked by another
 -- transaction? or really lost), and for an outcome write that found no row (cancelled, or a
 -- lost lease). One probe of jobs_pkey per id.
-SELECT j.id, j.state::text AS state, j.lease_token::text AS lease_token
+SELECT j.id, j.tenant_id, j.state::text AS state, j.lease_token::text AS lease_token
 FROM pgqueue.jobs j
 WHERE j.id = ANY (%(ids)s::bigint[])
 
