@@ -4,6 +4,7 @@ its next heartbeat, writes nothing, and frees the slot."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -16,8 +17,9 @@ from pgqueue.settings import Settings
 from pgqueue.worker.runtime import Worker
 
 
-@pytest.mark.timeout(60)
-async def test_a_running_job_cancelled_stops_its_handler_and_frees_its_slot(db_dsn: str) -> None:
+def _holding() -> tuple[Registry, asyncio.Event, list[int]]:
+    """A registry whose ``test.hold`` handler notes its start, then waits 45 s (far past the
+    heartbeat), noting its job id if it is stopped: (registry, started, stopped)."""
     registry = Registry()
     started = asyncio.Event()
     stopped: list[int] = []
@@ -26,11 +28,26 @@ async def test_a_running_job_cancelled_stops_its_handler_and_frees_its_slot(db_d
     async def hold(job: Job) -> dict[str, Any]:
         started.set()
         try:
-            await asyncio.sleep(45)  # far past the heartbeat
+            await asyncio.sleep(45)
         except asyncio.CancelledError:
             stopped.append(job.id)
             raise
         return {}
+
+    return registry, started, stopped
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    """Wait up to 10 s for ``check()``."""
+    for _ in range(100):
+        if check():
+            return
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.timeout(60)
+async def test_a_running_job_cancelled_stops_its_handler_and_frees_its_slot(db_dsn: str) -> None:
+    registry, started, stopped = _holding()
 
     @registry.handler("test.quick")
     async def quick(job: Job) -> dict[str, Any]:
@@ -132,19 +149,7 @@ async def test_a_heartbeat_during_an_uncommitted_cancel_still_stops_the_handler(
     """Found by a tester: a heartbeat that met the row held by an uncommitted cancel flagged
     the job as lost for good, so once the cancel committed its handler was never stopped. Now
     a held row with our lease still committed is asked about again at the next heartbeat."""
-    registry = Registry()
-    started = asyncio.Event()
-    stopped: list[int] = []
-
-    @registry.handler("test.hold")
-    async def hold(job: Job) -> dict[str, Any]:
-        started.set()
-        try:
-            await asyncio.sleep(45)
-        except asyncio.CancelledError:
-            stopped.append(job.id)
-            raise
-        return {}
+    registry, started, stopped = _holding()
 
     held, worker, run = _one_job_and_a_worker(db_dsn, registry, "test.hold", 2)
     try:
@@ -155,10 +160,7 @@ async def test_a_heartbeat_during_an_uncommitted_cancel_still_stops_the_handler(
             await asyncio.sleep(1.2)  # several heartbeats meet the held row
             assert stopped == [] and worker.stats.lost_leases == 0
             await canceller.commit()
-        for _ in range(100):
-            if stopped:
-                break
-            await asyncio.sleep(0.1)
+        await _until(lambda: bool(stopped))
         assert stopped == [held]
     finally:
         worker.request_stop()
@@ -172,29 +174,14 @@ async def test_a_running_job_deleted_by_hand_stops_its_handler(db_dsn: str) -> N
     """Found by a tester: a running job whose row was deleted (a hand ``DELETE``) kept its
     handler running to the end, spending the provider's time on an answer nobody can store.
     The heartbeat that finds no row stops the handler, as for a cancel."""
-    registry = Registry()
-    started = asyncio.Event()
-    stopped: list[int] = []
-
-    @registry.handler("test.hold")
-    async def hold(job: Job) -> dict[str, Any]:
-        started.set()
-        try:
-            await asyncio.sleep(45)
-        except asyncio.CancelledError:
-            stopped.append(job.id)
-            raise
-        return {}
+    registry, started, stopped = _holding()
 
     held, worker, run = _one_job_and_a_worker(db_dsn, registry, "test.hold", 2)
     try:
         await asyncio.wait_for(started.wait(), 20)
         with psycopg.connect(db_dsn, autocommit=True) as conn:
             conn.execute("DELETE FROM pgqueue.jobs WHERE id = %s", (held,))
-        for _ in range(100):
-            if stopped:
-                break
-            await asyncio.sleep(0.1)
+        await _until(lambda: bool(stopped))
         assert stopped == [held]
     finally:
         worker.request_stop()
