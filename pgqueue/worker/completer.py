@@ -186,7 +186,7 @@ class Completer:
             log.warning(
                 "batched completion of %d job(s) failed (%s); recording them one by one",
                 len(batch),
-                exc,
+                first_line(exc),
             )
             for job, outcome, future in batch:
                 await self._record_alone(job, outcome, future)
@@ -233,7 +233,9 @@ class Completer:
                 if not future.done():
                     future.set_exception(exc)
                 return
-            log.error("job %s: its result could not be stored (%s); job failed", job.id, exc)
+            log.error(
+                "job %s: its result could not be stored (%s); job failed", job.id, first_line(exc)
+            )
             reason = f"the handler's result could not be stored: {exc}"[:_MAX_ERROR_CHARS]
             try:
                 state = await self._record(job, Failed(reason, 0.0, permanent=True))

@@ -296,17 +296,24 @@ async def test_a_stop_gives_its_final_writes_one_budget_in_all(
         await locker.close()
     # the grace period (1 s, nothing left running) and ONE budget of 4 s: before, 4 s per wait
     assert took < 7.5, took
-    assert stats.outcomes["unrecorded"] == 2, stats  # the successes; the failures' writes were
-    # cut off (the stop's warning counts them)
+    # each job counted once: the failures' writes the budget cut off too (found by a tester:
+    # they were in no count)
+    assert stats.outcomes["unrecorded"] == 6, stats
     assert all(state == "running" for state, _ in _states(db_dsn))  # left to the rescuer
 
 
 @pytest.mark.timeout(90)
-async def test_a_hold_that_ends_within_the_grace_period_loses_no_outcome(db_dsn: str) -> None:
-    """Found by a tester on a first attempt at the fix above (writes on held rows gave up as
-    soon as no handler ran, before the grace period was over): successes whose rows were held
-    for a moment during a stop were left to the rescuer, and ran again. A hold that ends
-    within the grace period costs nothing."""
+async def test_a_hold_that_ends_within_the_grace_period_loses_no_outcome(
+    db_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by testers: successes whose rows were held for a moment during a stop were left
+    to the rescuer, and ran again (on a first attempt at the fix above, writes on held rows
+    gave up as soon as no handler ran; and before and after it, successes waiting for their
+    batched write got the stop's last FINAL_WRITES_SECONDS only, not the grace period). A
+    hold that ends within the grace period costs nothing."""
+    from pgqueue.worker import shutdown
+
+    monkeypatch.setattr(shutdown, "FINAL_WRITES_SECONDS", 0.5)  # the hold outlasts it
     registry, events, started = _gated(
         db_dsn, [("short", False), ("short", False), ("long", False)]
     )
@@ -320,10 +327,56 @@ async def test_a_hold_that_ends_within_the_grace_period_loses_no_outcome(db_dsn:
         worker.request_stop()
         await asyncio.sleep(0.3)
         events["long"].set()  # nothing runs any more; the successes still wait
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(2.0)
     finally:
         await locker.rollback()  # the hold ends, well within the grace period
         await locker.close()
     stats = await asyncio.wait_for(run, timeout=45)
     assert stats.outcomes["succeeded"] == 3, stats
     assert [state for state, _ in _states(db_dsn)] == ["succeeded"] * 3
+
+
+@pytest.mark.timeout(90)
+async def test_a_burst_worker_waits_for_a_success_whose_row_is_held(
+    db_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a tester: a --burst worker whose last success waited for a held row took that
+    for "nothing left to run", exited, and gave the write only the stop's last seconds: the
+    job stayed running and ran again. A burst worker waits for it, as for a held failure."""
+    from pgqueue.worker import shutdown
+
+    monkeypatch.setattr(shutdown, "FINAL_WRITES_SECONDS", 0.5)
+    registry, events, started = _gated(db_dsn, [("s", False)])
+    worker = Worker(db_dsn, Settings(), registry, concurrency=2, burst=True)
+    run = asyncio.create_task(worker.run(install_signal_handlers=False))
+    await _eventually(lambda: len(started) == 1)
+    locker = await _hold(db_dsn, "true")
+    try:
+        events["s"].set()
+        await _eventually(lambda: len(worker._flushing) == 1)
+        await asyncio.sleep(2.0)  # several polls: the burst worker must not leave
+        assert not run.done()
+    finally:
+        await locker.rollback()
+        await locker.close()
+    stats = await asyncio.wait_for(run, timeout=45)
+    assert stats.outcomes["succeeded"] == 1, stats
+    assert [state for state, _ in _states(db_dsn)] == ["succeeded"]
+
+
+@pytest.mark.timeout(90)
+async def test_a_lease_lost_during_the_grace_period_is_not_waited_for(db_dsn: str) -> None:
+    """Found by a tester: a stop cancelled the runs whose lease was lost when it began, but a
+    lease lost during the grace period (rescued elsewhere, moved by hand) was waited for until
+    its handler ended. The heartbeat that finds it lost during a stop stops it."""
+    registry, _events, started = _gated(db_dsn, [("s", False)])  # never released
+    settings = Settings(heartbeat_seconds=0.2, shutdown_grace_seconds=60)
+    worker = Worker(db_dsn, settings, registry, concurrency=1)
+    run = asyncio.create_task(worker.run(install_signal_handlers=False))
+    await _eventually(lambda: len(started) == 1)
+    worker.request_stop()
+    await asyncio.sleep(0.5)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:  # another worker's lease now
+        conn.execute("UPDATE pgqueue.jobs SET lease_token = gen_random_uuid(), worker_id = 'b'")
+    stats = await asyncio.wait_for(run, timeout=20)  # not the 60 s grace period
+    assert stats.lost_leases == 1 and stats.outcomes["lease_lost"] == 1, stats
