@@ -102,17 +102,25 @@ class Completer:
         while self._writes:
             await asyncio.wait(set(self._writes))
 
-    def abandon(self) -> None:
+    async def abandon(self, settle_seconds: float = 0.05) -> None:
         """Stop writing: cancel the flusher and the single writes under way, and fail the
         successes still waiting for a batch (a stopping worker whose database does not answer;
-        their jobs go back to the queue when their leases expire)."""
+        their jobs go back to the queue when their leases expire). Returns once the cancelled
+        writes have ended, or after ``settle_seconds``, so that what waits on them (the
+        worker's counts) hears of it before the worker reports."""
         self._closing = True
+        ending: list[asyncio.Future[Any]] = []
         if self._flusher is not None:
             self._flusher.cancel()
+            ending.append(self._flusher)
         for write in list(self._writes):
             write.cancel()
+            ending.append(write)
         _fail_abandoned(self._pending)
         self._pending.clear()
+        if ending:
+            await asyncio.wait(ending, timeout=settle_seconds)
+        await asyncio.sleep(0)  # their done callbacks run
 
     def batches(self, job: Job, outcome: Outcome) -> bool:
         """Whether :meth:`record` writes this outcome with the next batch (a success that
@@ -126,29 +134,26 @@ class Completer:
 
     async def record(self, job: Job, outcome: Outcome) -> str | None:
         """Write ``outcome`` for ``job``; survives cancellation of the calling task."""
+        return await asyncio.shield(self.submit(job, outcome))
+
+    def submit(self, job: Job, outcome: Outcome) -> asyncio.Future[str | None]:
+        """Start writing ``outcome`` for ``job``: the future of that write (the state recorded,
+        None when the lease was lost), which the caller's cancellation does not cancel."""
         if isinstance(outcome, Succeeded) and self.batches(job, outcome):
             future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
             self._pending.append((job, outcome, future))
             self._ready.set()
-            # No shield needed: the flusher task writes the batch whatever happens to the
-            # caller; a cancelled caller only cancels its wait (the flusher skips done futures).
-            return await future
+            return future  # the flusher task writes the batch whatever happens to the caller
         write = asyncio.ensure_future(self._record(job, outcome))
         self._writes.add(write)
-        waiter = asyncio.shield(write)
 
         def done(task: asyncio.Task[str | None]) -> None:
             self._writes.discard(task)
-            error = None if task.cancelled() else task.exception()  # (retrieved: no GC warning)
-            if error is not None and waiter.cancelled():  # its caller is gone: say it here
-                log.warning(
-                    "job %s: could not record its outcome (%s); the rescuer will",
-                    job.id,
-                    first_line(error),
-                )
+            if not task.cancelled():
+                task.exception()  # retrieved: no "never retrieved" warning if nobody waits
 
         write.add_done_callback(done)
-        return await waiter
+        return write
 
     async def _flush_loop(self) -> None:
         while True:

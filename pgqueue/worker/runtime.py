@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from pgqueue.db import queries
 from pgqueue.db.migrate import check_schema
@@ -264,7 +264,7 @@ class Worker:
         finally:
             closing = asyncio.ensure_future(self._completer.aclose())
             if not await self._final_writes([closing], "batched success write(s)"):
-                self._completer.abandon()
+                await self._completer.abandon(shutdown.SETTLE_SECONDS)
             # their successes are written (or abandoned): let them count their outcomes
             await self._final_writes([task for _job, task in self._flushing.values()])
             self._stop.set()
@@ -485,15 +485,22 @@ class Worker:
                 self._flushing[lease] = (job, task)
                 self._release(job)
                 released = True
+            written = self._completer.submit(job, outcome)
             try:
-                state = await self._completer.record(job, outcome)
+                state = await asyncio.shield(written)
             except asyncio.CancelledError:
-                # the stop's budget for final writes ran out (or another signal came): the
-                # write is abandoned; count it (found by a tester: such jobs were in no count)
-                self._count(outcome, UNRECORDED)
+                # The stop's budget for final writes ran out (or another signal came): the
+                # write goes on, or is abandoned with the completer. The job counts when it
+                # ends, as what it came to (found by testers: such jobs were in no count, then
+                # counted unrecorded though their write committed a moment later).
+                written.add_done_callback(lambda done: self._count_late(job, outcome, done))
                 raise
             except Exception as exc:
-                if is_transient(exc) or is_held_row(exc) or isinstance(exc, OutcomeAbandoned):
+                if (
+                    is_transient(exc)
+                    or is_held_row(exc)
+                    or isinstance(exc, OutcomeAbandoned | PoolClosed)
+                ):
                     # The database did not answer for the whole retry window (the producer
                     # reports the outage), or a stop gave up waiting for it (the stop says
                     # how many): no traceback for each job (found by a tester).
@@ -516,6 +523,19 @@ class Worker:
                 del self._newest[job.id]
             if not released:
                 self._release(job)
+
+    def _count_late(self, job: Job, outcome: Outcome, write: asyncio.Future[str | None]) -> None:
+        """Count ``job``'s outcome when its write ends after its task was cancelled (a stop
+        gave up waiting for it), saying so in one line if it was not recorded."""
+        state = _written(write)
+        if state == UNRECORDED:
+            error = None if write.cancelled() else write.exception()
+            log.warning(
+                "job %s: could not record its outcome (%s); it runs again when its lease expires",
+                job.id,
+                "abandoned" if error is None else first_line(error),
+            )
+        self._count(outcome, state)
 
     def _release(self, job: Job) -> None:
         """Free the job's slot and wake the producer."""
@@ -677,3 +697,11 @@ class Worker:
             if closer is not None:
                 with contextlib.suppress(Exception):
                     await closer()
+
+
+def _written(write: asyncio.Future[str | None]) -> str | None:
+    """What an outcome write came to: the state recorded (None: the lease was lost), or
+    ``UNRECORDED`` when it failed or was abandoned."""
+    if write.cancelled() or write.exception() is not None:
+        return UNRECORDED
+    return write.result()

@@ -6,12 +6,14 @@ Used by the producer (claims), the completer (outcome writes) and the background
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolClosed
 from tenacity import (
     AsyncRetrying,
+    RetryCallState,
     retry_if_exception,
     stop_after_delay,
     wait_random_exponential,
@@ -32,7 +34,10 @@ def is_transient(exc: BaseException) -> bool:
     classes in ``_TRANSIENT_CLASSES`` (PostgreSQL manual, appendix A, "Error Codes")."""
     if isinstance(exc, psycopg.errors.DeadlockDetected | psycopg.errors.SerializationFailure):
         return True
-    if not isinstance(exc, psycopg.OperationalError):
+    if not isinstance(exc, psycopg.OperationalError) or isinstance(exc, PoolClosed):
+        # (a closed pool never opens again: found by a tester, a handler that ignored its
+        # cancellation finished after the stop had closed the pool, and its outcome write
+        # retried for ~105 s, keeping the process alive)
         return False
     state = exc.sqlstate
     return state is None or state[:2] in _TRANSIENT_CLASSES
@@ -48,6 +53,8 @@ def first_line(exc: BaseException) -> str:
 #: How long an outcome write of its own waits for a row another transaction holds before it
 #: lets go of its connection and tries again later (``lock_timeout``, milliseconds).
 HELD_ROW_WAIT_MS = 500
+#: The longest pause before a write that met a held row tries again (seconds).
+HELD_ROW_PAUSE_SECONDS = 1.0
 
 
 def is_held_row(exc: BaseException) -> bool:
@@ -65,11 +72,22 @@ def transient_retry(
     outcome writes use the lease instead, see :class:`pgqueue.worker.completer.Completer`).
     With ``held_rows``, a row another transaction holds (:func:`is_held_row`) is tried again
     too."""
+    backoff = wait_random_exponential(multiplier=0.05, max=3.0)
+
+    def pause(state: RetryCallState) -> float:
+        failed = state.outcome.exception() if state.outcome is not None else None
+        if failed is not None and is_held_row(failed):
+            # held rows: tried again every ~1-1.5 s (with the lock wait), so that a hold that
+            # ends is noticed soon (found by a tester: after backing off to 3 s, a write missed
+            # a hold that ended 3 s before a stop's last moment, and its job ran again)
+            return random.uniform(HELD_ROW_PAUSE_SECONDS / 2, HELD_ROW_PAUSE_SECONDS)
+        return float(backoff(state))
+
     return AsyncRetrying(
         retry=retry_if_exception(
             (lambda e: is_transient(e) or is_held_row(e)) if held_rows else is_transient
         ),
-        wait=wait_random_exponential(multiplier=0.05, max=3.0),
+        wait=pause,
         stop=stop_after_delay(give_up_after_seconds),
         reraise=True,
     )

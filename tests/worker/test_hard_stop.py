@@ -4,6 +4,7 @@ queue at once, with no attempt used, including the jobs of a claim whose tasks n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -380,3 +381,42 @@ async def test_a_lease_lost_during_the_grace_period_is_not_waited_for(db_dsn: st
         conn.execute("UPDATE pgqueue.jobs SET lease_token = gen_random_uuid(), worker_id = 'b'")
     stats = await asyncio.wait_for(run, timeout=20)  # not the 60 s grace period
     assert stats.lost_leases == 1 and stats.outcomes["lease_lost"] == 1, stats
+
+
+@pytest.mark.timeout(90)
+async def test_a_handler_that_ignores_cancellation_does_not_keep_the_process_alive(
+    db_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a tester: a handler that caught its cancellation and finished after the stop
+    had closed the pool had its outcome written to that closed pool, which was taken for a
+    database outage and retried for ~105 s: `pgqueue work` outlived its stop by minutes. A
+    closed pool is not retried: the write is given up at once (the job comes back when its
+    lease expires)."""
+    from pgqueue.worker import shutdown
+
+    monkeypatch.setattr(shutdown, "FINAL_WRITES_SECONDS", 0.5)
+    registry = Registry()
+    release = asyncio.Event()
+    started: set[int] = set()
+
+    @registry.handler("test.stubborn")
+    async def stubborn(job: Job) -> dict[str, Any]:
+        started.add(job.id)
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):  # ignores every cancellation
+                await asyncio.sleep(0.05)
+        return {}
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        pgqueue.enqueue_many(conn, [pgqueue.JobSpec("t", "scheduled", {}, kind="test.stubborn")])
+    worker = Worker(db_dsn, Settings(shutdown_grace_seconds=0.5), registry, concurrency=1)
+    run = asyncio.create_task(worker.run(install_signal_handlers=False))
+    await _eventually(lambda: len(started) == 1)
+    worker.request_stop()
+    await asyncio.wait_for(run, timeout=30)  # the stop gave up on the stubborn job
+    left = [t for t in asyncio.all_tasks() if t.get_name().startswith("pgqueue-job-")]
+    assert len(left) == 1
+    release.set()  # it finishes now, after its worker closed the pool
+    done, _ = await asyncio.wait(left, timeout=10)  # before: retried for ~105 s
+    assert done == set(left)
+    assert [state for state, _ in _states(db_dsn)] == ["running"]  # back at lease expiry
