@@ -33,12 +33,13 @@ from pgqueue.db.migrate import check_schema
 from pgqueue.handlers.anthropic import KIND as ANTHROPIC_KIND
 from pgqueue.handlers.anthropic import AnthropicMessagesHandler, prepare_for_worker
 from pgqueue.handlers.registry import NOOP_KIND, Registry, noop
-from pgqueue.models import Interrupted, Job, Lease, Outcome
+from pgqueue.models import Interrupted, Job, Outcome
 from pgqueue.observability import metrics
 from pgqueue.settings import Settings
 from pgqueue.worker import leases, shutdown, upkeep
 from pgqueue.worker.completer import Completer, OutcomeAbandoned
 from pgqueue.worker.executor import SharedDeadline, execute, sync_handlers_running
+from pgqueue.worker.inflight import InFlight
 from pgqueue.worker.notifier import Notifier
 from pgqueue.worker.outage import (
     OUTAGE_PAUSE_SECONDS,
@@ -131,20 +132,8 @@ class Worker:
         self._final_deadline: float | None = None
         self._stopping = False
         self._hard_stop = False
-        # Keyed by lease (Job.lease: id and token), not by id: a job whose lease expired while
-        # its handler ran can be claimed again by this worker, a second run of the same id.
-        self._inflight: dict[Lease, tuple[Job, asyncio.Task[None]]] = {}
-        # jobs whose handler is done and whose success waits for the completer's next flush
-        self._flushing: dict[Lease, tuple[Job, asyncio.Task[None]]] = {}
-        # the newest lease of each job id this worker runs or records
-        self._newest: dict[int, Lease] = {}
-        self._lost: set[Lease] = set()
-        # jobs withdrawn while their handler ran, and how: "cancelled" (pgqueue.cancel) or
-        # "deleted" (the row is gone). The handler is stopped and nothing is written.
-        self._withdrawn: dict[Lease, str] = {}
-        # jobs whose handler is done and whose outcome is being written: a heartbeat that no
-        # longer finds them saw that write, not a lost lease
-        self._recording: set[Lease] = set()
+        # the jobs this worker holds, by lease
+        self._jobs = InFlight()
         # one rescue at a time in this process, so that the burst exit waits for a rescue
         # the background rescuer has under way
         self._rescue_lock = asyncio.Lock()
@@ -169,17 +158,7 @@ class Worker:
         if hard and not self._hard_stop:
             self._hard_stop = True
             self._hard_stopped.set()
-            self._cancel_handlers()
-
-    def _cancel_handlers(self, tasks: Collection[asyncio.Future[Any]] | None = None) -> None:
-        """Cancel the jobs (of ``tasks``, default all in flight) whose handler still runs. A job
-        whose outcome is being written is left to finish that write: cancelled, it abandoned
-        the write, the worker closed its pool under it, and the job stayed ``running`` with an
-        attempt used (found by a tester, with a hard stop or a grace period ending while
-        failures were being recorded)."""
-        for job, task in list(self._inflight.values()):
-            if job.lease not in self._recording and (tasks is None or task in tasks):
-                task.cancel()
+            self._jobs.cancel_handlers()
 
     def _on_signal(self) -> None:
         if self._hard_stop:
@@ -196,7 +175,7 @@ class Worker:
                 "stopping: no new claims; waiting up to %.0f s for %d job(s) to finish and be "
                 "recorded",
                 self.settings.shutdown_grace_seconds,
-                len(self._inflight) - len(self._lost_runs()) + len(self._flushing),
+                self._jobs.waited_for(),
             )
             self.request_stop()
 
@@ -266,7 +245,7 @@ class Worker:
             if not await self._final_writes([closing], "batched success write(s)"):
                 await self._completer.abandon(shutdown.SETTLE_SECONDS)
             # their successes are written (or abandoned): let them count their outcomes
-            await self._final_writes([task for _job, task in self._flushing.values()])
+            await self._final_writes([task for _job, task in self._jobs.flushing.values()])
             self._stop.set()
             for task in background:
                 task.cancel()
@@ -307,7 +286,7 @@ class Worker:
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                outage.failed(tried, exc, len(self._inflight))
+                outage.failed(tried, exc, len(self._jobs.running))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), OUTAGE_PAUSE_SECONDS)
                 continue
@@ -318,12 +297,12 @@ class Worker:
     async def _produce_once(self, batch: int) -> bool:
         """One claim (when slots are free), then a wait for a reason to claim again; False when a
         burst worker has nothing left to run."""
-        free = self.concurrency - len(self._inflight)
+        free = self.concurrency - len(self._jobs.running)
         fold = 0 < free < min(batch, self.concurrency // 2)
         if fold and self.settings.claim_fold_seconds > 0:
             # Busy: let a few more slots free up so that one claim takes several jobs.
             await asyncio.sleep(self.settings.claim_fold_seconds)
-            free = self.concurrency - len(self._inflight)
+            free = self.concurrency - len(self._jobs.running)
         claimed = 0
         # Whatever woke the producer is answered now: by this claim or, with every slot
         # busy, by the claim a freed slot (it sets the event again) triggers. Left set while
@@ -344,8 +323,8 @@ class Worker:
                 self.burst
                 # none that can be stored (found by a tester: successes still waiting for
                 # their batched write, their rows held, got the stop's last 10 s only)
-                and len(self._inflight) == len(self._lost_runs())
-                and not self._flushing
+                and len(self._jobs.running) == len(self._jobs.lost_runs())
+                and not self._jobs.flushing
                 and (due is None or due > self.settings.burst_horizon_seconds)
             ):
                 if await self._rescue_once():
@@ -401,9 +380,9 @@ class Worker:
             claimed += 1
             job = Job.from_row(row)
             by_tier[job.priority.value] += 1
-            lease = self._claimed_again(job)
             task = asyncio.create_task(self._run_job(job, deadline), name=f"pgqueue-job-{job.id}")
-            self._inflight[lease] = (job, task)
+            if self._jobs.add(job, task):  # an earlier run of it here lost its lease
+                self.stats.lost_leases += 1
             if self._stopping:
                 # A claim under way when the stop came (found by a tester: one that waited out
                 # an outage started its jobs after "no new claims"): its jobs never start, and
@@ -412,26 +391,8 @@ class Worker:
         for tier, count in by_tier.items():
             metrics.JOBS_CLAIMED.labels(tier).inc(count)
         self.stats.claimed += claimed
-        metrics.SLOTS_IN_USE.set(len(self._inflight))
+        metrics.SLOTS_IN_USE.set(len(self._jobs.running))
         return claimed
-
-    def _claimed_again(self, job: Job) -> Lease:
-        """Note ``job``'s lease as the newest of its id, and return it. An earlier lease of the
-        same id that this worker still runs or records expired and was rescued (the claim
-        proves it): it is lost, its outcome will be fenced off, and the heartbeat stops asking
-        for it."""
-        lease = job.lease
-        earlier = self._newest.get(job.id)
-        self._newest[job.id] = lease
-        if earlier is not None and earlier not in self._lost:
-            self._lost.add(earlier)
-            self.stats.lost_leases += 1
-            log.warning(
-                "job %s: claimed again by this worker while an earlier run still goes on "
-                "(its lease expired); the earlier run's outcome will be dropped",
-                job.id,
-            )
-        return lease
 
     async def _queued_kinds(self, kinds: list[str]) -> list[str]:
         """Which of ``kinds`` still have queued jobs (none asked: no statement); an empty list
@@ -468,21 +429,23 @@ class Worker:
                 outcome = Interrupted()
             finally:
                 deadline.finish()
-            withdrawn = self._withdrawn.get(lease)
+            withdrawn = self._jobs.withdrawn.get(lease)
             if withdrawn is not None:
                 log.info("job %s: %s while running; its handler was stopped", job.id, withdrawn)
                 self._count(outcome, "cancelled")
                 return
             if job.kind not in self.registry:  # no handler here: a burst worker won't wait
                 self._cannot_run.add(job.kind)
-            self._recording.add(lease)
-            if len(self._flushing) < self.concurrency and self._completer.batches(job, outcome):
+            self._jobs.recording.add(lease)
+            if len(self._jobs.flushing) < self.concurrency and self._completer.batches(
+                job, outcome
+            ):
                 # Write-behind: the handler is done, so its slot frees now and the next claim
                 # overlaps the flush that records this success. The lease stays held (the
                 # heartbeat covers flushing jobs); at most `concurrency` wait like this.
                 task = asyncio.current_task()
                 assert task is not None
-                self._flushing[lease] = (job, task)
+                self._jobs.flushing[lease] = (job, task)
                 self._release(job)
                 released = True
             written = self._completer.submit(job, outcome)
@@ -515,12 +478,7 @@ class Worker:
                 state = UNRECORDED
             self._count(outcome, state)
         finally:
-            self._flushing.pop(lease, None)
-            self._recording.discard(lease)
-            self._lost.discard(lease)
-            self._withdrawn.pop(lease, None)
-            if self._newest.get(job.id) == lease:
-                del self._newest[job.id]
+            self._jobs.forget(job)
             if not released:
                 self._release(job)
 
@@ -539,16 +497,16 @@ class Worker:
 
     def _release(self, job: Job) -> None:
         """Free the job's slot and wake the producer."""
-        self._inflight.pop(job.lease, None)
-        metrics.SLOTS_IN_USE.set(len(self._inflight))
+        self._jobs.release(job.lease)
+        metrics.SLOTS_IN_USE.set(len(self._jobs.running))
         self._wake.set()
 
     async def _drain(self) -> None:
-        running = [task for _job, task in self._inflight.values()]
+        running = [task for _job, task in self._jobs.running.values()]
         # Successes waiting for their batched write get the grace period too (found by a
         # tester: one whose row was held for a moment got only the stop's last 10 s, and ran
         # again); what is left of them then goes with the completer's close, below _drain.
-        flushing = [task for _job, task in self._flushing.values()]
+        flushing = [task for _job, task in self._jobs.flushing.values()]
         if not running and not flushing:
             return
         # A burst run ends here with nothing in flight; a stop request gives running jobs the
@@ -556,23 +514,19 @@ class Worker:
         # After a hard stop, the jobs of a claim that returned after it are interrupted too, at
         # once (found by a tester: they ran on for the whole grace period).
         if self._hard_stop:
-            self._cancel_handlers()
+            self._jobs.cancel_handlers()
         else:
             # A run whose lease is lost (rescued, or superseded by this worker's newer claim of
             # the same job) can store nothing: it is not waited for (found by a tester: a stop
             # and a burst exit waited for such a run for the whole grace period).
-            self._cancel_handlers(self._lost_runs())
+            self._jobs.cancel_handlers(self._jobs.lost_runs())
         pending = await shutdown.wait_all(
             running + flushing, self.settings.shutdown_grace_seconds, self._hard_stopped
         )
         still_running = [task for task in running if task in pending]
-        self._cancel_handlers(still_running)
+        self._jobs.cancel_handlers(still_running)
         await self._final_writes(still_running)
         await self._interrupt_unstarted()
-
-    def _lost_runs(self) -> list[asyncio.Task[None]]:
-        """The tasks of the jobs in flight whose lease is lost."""
-        return [task for lease, (_job, task) in self._inflight.items() if lease in self._lost]
 
     async def _final_writes(
         self, tasks: Collection[asyncio.Future[Any]], what: str = "job(s)"
@@ -593,7 +547,7 @@ class Worker:
         stop right after their claim): their ``_run_job`` never ran, so nothing recorded them.
         Found by a tester: they stayed ``running`` until their lease expired, and the rescue
         counted an attempt they never had."""
-        unstarted = [job for job, task in self._inflight.values() if task.done()]
+        unstarted = [job for job, task in self._jobs.running.values() if task.done()]
         if unstarted:
             await self._final_writes([asyncio.ensure_future(self._interrupt(j)) for j in unstarted])
 
@@ -621,53 +575,11 @@ class Worker:
             await self._heartbeat_once()
 
     async def _heartbeat_once(self) -> None:
-        """Extend the leases of the jobs this worker holds; flag those whose lease is gone.
-
-        A job whose outcome is being written is not flagged: its write may have committed
-        while the heartbeat waited (the completer reports a lost lease itself)."""
+        """Extend the leases of the jobs this worker holds (:meth:`InFlight.heartbeat`)."""
         assert self._pool is not None
-        # a lost lease is not asked for: its id may be held again, by a newer run here
-        jobs = [
-            job
-            for job, _task in (*self._inflight.values(), *self._flushing.values())
-            if job.lease not in self._lost
-        ]
-        if not jobs:
-            return
-        held = await leases.extend(self._pool, jobs, self.settings.lease_seconds)
-        if held is None:
-            return
-        unextended = [
-            job
-            for job in jobs
-            # flushing jobs are recording: only a handler still running can lose its lease
-            if job.lease not in held
-            and job.lease in self._inflight
-            and job.lease not in self._recording
-        ]
-        if not unextended:
-            return
-        verdicts = await leases.why_not_extended(self._pool, unextended)
-        if verdicts is None:
-            return
-        for lease, verdict in verdicts.items():
-            entry = self._inflight.get(lease)
-            if verdict == "held" or entry is None or lease in self._recording:
-                continue  # ask again next time; or its outcome is being written meanwhile
-            if lease in self._lost:
-                continue  # a claim of the same id found it lost meanwhile
-            if verdict in ("cancelled", "deleted"):
-                # pgqueue.cancel, or the row deleted by hand: stop the handler now, so the slot
-                # frees and no more of the provider's time is spent on an answer nobody will
-                # store (a deleted job's handler ran to its end: found by a tester)
-                self._withdrawn[lease] = verdict
-                entry[1].cancel()
-                continue
-            self._lost.add(lease)
-            self.stats.lost_leases += 1
-            log.warning("job %s: lease lost; its outcome will be dropped", lease[0])
-            if self._stopping:  # a stop does not wait for it (found by a tester)
-                entry[1].cancel()
+        self.stats.lost_leases += await self._jobs.heartbeat(
+            self._pool, self.settings.lease_seconds, stopping=self._stopping
+        )
 
     async def _rescue_loop(self) -> None:
         assert self._pool is not None

@@ -112,7 +112,7 @@ async def test_a_stop_while_outcomes_are_written_loses_none(
     record = Completer._record
 
     async def slow_record(self: Completer, job: Job, outcome: Any) -> Any:
-        if len(worker._recording) == 8 and not worker._stopping:  # all 8 are being written
+        if len(worker._jobs.recording) == 8 and not worker._stopping:  # all 8 are being written
             worker.request_stop(hard=stop == "hard")
         await asyncio.sleep(0.5)  # a slow commit, past the grace period
         return await record(self, job, outcome)
@@ -168,7 +168,7 @@ async def test_a_stop_does_not_wait_forever_for_writes_the_database_holds(
     try:
         await locker.execute("SELECT id FROM pgqueue.jobs FOR UPDATE")  # held: writes wait
         go.set()
-        await _eventually(lambda: len(worker._recording) == 4)
+        await _eventually(lambda: len(worker._jobs.recording) == 4)
         await asyncio.sleep(0.2)  # the four failures are being written, and wait on the lock
         with caplog.at_level(logging.WARNING, logger="pgqueue.worker"):
             worker._on_signal()  # stop
@@ -207,7 +207,9 @@ async def test_successes_a_stop_gives_up_on_are_logged_without_tracebacks(
             await _eventually(lambda: len(started) == 4)
             await locker.execute("SELECT id FROM pgqueue.jobs FOR UPDATE")  # the flush waits
             go.set()
-            await _eventually(lambda: len(worker._flushing) == 4)  # done, waiting to be written
+            await _eventually(
+                lambda: len(worker._jobs.flushing) == 4
+            )  # done, waiting to be written
             worker._on_signal()
             worker._on_signal()  # hard stop: the writes get FINAL_WRITES_SECONDS, then go
             worker._on_signal()  # a third signal: no more waiting at all
@@ -284,9 +286,9 @@ async def test_a_stop_gives_its_final_writes_one_budget_in_all(
     locker = await _hold(db_dsn, "true")
     try:
         events["s"].set()  # two successes wait in the batched completion
-        await _eventually(lambda: len(worker._flushing) == 2)
+        await _eventually(lambda: len(worker._jobs.flushing) == 2)
         events["f"].set()  # four failures wait for their rows
-        await _eventually(lambda: len(worker._recording) == 6)
+        await _eventually(lambda: len(worker._jobs.recording) == 6)
         with caplog.at_level(logging.WARNING, logger="pgqueue.worker"):
             began = time.monotonic()
             worker.request_stop()
@@ -324,7 +326,7 @@ async def test_a_hold_that_ends_within_the_grace_period_loses_no_outcome(
     locker = await _hold(db_dsn, "tenant_id = 'short'")
     try:
         events["short"].set()  # their successes wait for the held rows
-        await _eventually(lambda: len(worker._flushing) == 2)
+        await _eventually(lambda: len(worker._jobs.flushing) == 2)
         worker.request_stop()
         await asyncio.sleep(0.3)
         events["long"].set()  # nothing runs any more; the successes still wait
@@ -354,7 +356,7 @@ async def test_a_burst_worker_waits_for_a_success_whose_row_is_held(
     locker = await _hold(db_dsn, "true")
     try:
         events["s"].set()
-        await _eventually(lambda: len(worker._flushing) == 1)
+        await _eventually(lambda: len(worker._jobs.flushing) == 1)
         await asyncio.sleep(2.0)  # several polls: the burst worker must not leave
         assert not run.done()
     finally:

@@ -52,14 +52,14 @@ async def test_a_job_completed_while_the_heartbeat_waited_is_not_a_lost_lease(
     await worker._pool.open()
     task = asyncio.create_task(_never())
     try:
-        worker._flushing[done.lease] = (done, task)  # its success was being written
-        worker._recording.add(done.lease)
-        worker._inflight[lost.lease] = (lost, task)  # its handler still runs
+        worker._jobs.flushing[done.lease] = (done, task)  # its success was being written
+        worker._jobs.recording.add(done.lease)
+        worker._jobs.running[lost.lease] = (lost, task)  # its handler still runs
         await worker._heartbeat_once()
     finally:
         task.cancel()
         await worker._pool.close()
-    assert worker._lost == {lost.lease}
+    assert worker._jobs.lost == {lost.lease}
     assert worker.stats.lost_leases == 1
 
 

@@ -37,7 +37,7 @@ async def test_slots_free_before_the_flush_and_every_success_is_recorded(
         # a slow database commit: the worker keeps claiming meanwhile
         nonlocal most_flushing, claimed_during_flush
         before = worker.stats.claimed
-        most_flushing = max(most_flushing, len(worker._flushing))
+        most_flushing = max(most_flushing, len(worker._jobs.flushing))
         await asyncio.sleep(0.05)
         claimed_during_flush += worker.stats.claimed - before
         await real_flush(self, batch)
