@@ -1,0 +1,43 @@
+"""Revision 0025: a claim's first load reads as many pairs of a round as the tier's part of
+the claim needs, so the turns of a claim rarely load their round heads one statement at a
+time; the dispatch order stays the reference's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from pgqueue.models import Tier
+from tests.db.drr_support import add_jobs, claim, ref_take, reference
+from tests.db.test_drr_explain import _load_auto_explain, _log_plans
+
+C = Tier.CRITICAL
+#: The statement that moves an ended turn's pair to the tail and loads the next round head.
+_HEAD_LOAD = "WITH rotated AS ("
+
+
+def _claim_logging_statements(dsn: str, limit: int) -> tuple[list[int], list[str]]:
+    """The job ids one pgqueue.claim of ``limit`` takes, and the statements it ran."""
+    plans: list[str] = []
+    with psycopg.connect(dsn, autocommit=True) as c:
+        _load_auto_explain(c)
+        _log_plans(c, plans)
+        rows: list[tuple[Any, ...]] = c.execute(
+            "SELECT id FROM pgqueue.claim(%s, 'prefetch', 60)", (limit,)
+        ).fetchall()
+    return [r[0] for r in rows], plans
+
+
+def test_a_claim_loads_the_pairs_its_tier_needs_up_front(conn, db_dsn):
+    ref = reference(conn)
+    add_jobs(conn, [(C, f"t{i % 10}", 1.0) for i in range(200)], ref)
+    assert [d.job_id for d in claim(conn, 1)] == [d.job_id for d in ref_take(ref, 1)]
+    # 10 backlogged tenants, quantum 5, the round head 4 credits into its turn: a claim of 30
+    # takes 7 turns. Its first load reads the pairs for the critical tier's share of the claim
+    # (21 jobs: 5 pairs, 24 credits); the last two turns load their heads. Before revision
+    # 0025 the first load read 2 pairs, and 5 turns loaded their heads.
+    ids, statements = _claim_logging_statements(db_dsn, 30)
+    assert ids == [d.job_id for d in ref_take(ref, 30)]
+    head_loads = [s for s in statements if _HEAD_LOAD in s]
+    assert len(head_loads) == 2, head_loads
