@@ -41,3 +41,18 @@ def test_a_claim_loads_the_pairs_its_tier_needs_up_front(conn, db_dsn):
     assert ids == [d.job_id for d in ref_take(ref, 30)]
     head_loads = [s for s in statements if _HEAD_LOAD in s]
     assert len(head_loads) == 2, head_loads
+
+
+def test_a_claim_that_folds_new_work_in_loads_its_rounds_in_one_statement(conn, db_dsn):
+    """Revision 0026: under a steady stream of enqueues nearly every claim folds the inbox;
+    before, such a claim loaded each tier's round head with a statement of its own."""
+    ref = reference(conn)
+    tiers = (C, Tier.STANDARD, Tier.BATCH)
+    add_jobs(conn, [(tiers[i % 3], f"t{i % 10}", 1.0) for i in range(300)], ref)
+    assert [d.job_id for d in claim(conn, 10)] == [d.job_id for d in ref_take(ref, 10)]
+    add_jobs(conn, [(tiers[i % 3], f"t{i % 10}", 1.0) for i in range(30)], ref)  # new work
+    ids, statements = _claim_logging_statements(db_dsn, 10)
+    assert ids == [d.job_id for d in ref_take(ref, 10)]
+    assert any("DELETE FROM pgqueue.drr_inbox" in s for s in statements)  # it folded
+    head_loads = [s for s in statements if _HEAD_LOAD in s]
+    assert len(head_loads) <= 1, head_loads
