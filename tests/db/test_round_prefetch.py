@@ -34,13 +34,13 @@ def test_a_claim_loads_the_pairs_its_tier_needs_up_front(conn, db_dsn):
     add_jobs(conn, [(C, f"t{i % 10}", 1.0) for i in range(200)], ref)
     assert [d.job_id for d in claim(conn, 1)] == [d.job_id for d in ref_take(ref, 1)]
     # 10 backlogged tenants, quantum 5, the round head 4 credits into its turn: a claim of 30
-    # takes 7 turns. Its first load reads the pairs for the critical tier's share of the claim
-    # (21 jobs: 5 pairs, 24 credits); the last two turns load their heads. Before revision
-    # 0025 the first load read 2 pairs, and 5 turns loaded their heads.
+    # takes 7 turns. The critical tier is the only one in use, so its share is the whole
+    # claim: the first load reads 7 pairs (34 credits), and no turn loads its head. Before
+    # revision 0025 the first load read 2 pairs, and 5 turns loaded their heads.
     ids, statements = _claim_logging_statements(db_dsn, 30)
     assert ids == [d.job_id for d in ref_take(ref, 30)]
     head_loads = [s for s in statements if _HEAD_LOAD in s]
-    assert len(head_loads) == 2, head_loads
+    assert head_loads == []
 
 
 def test_a_claim_that_folds_new_work_in_loads_its_rounds_in_one_statement(conn, db_dsn):

@@ -10,7 +10,10 @@ six per claim of 40. A claim's server work with a quantum too large for any turn
 
 Now the first load reads, per tier, up to ``ceil(share / base quantum) + 1`` pairs (at least
 two, at most the claim plus one) while their credits ahead stay below the tier's likely part
-of the claim (``share``, as before), each with its next due jobs, locked. The pairs after the
+of the claim (``share``), each with its next due jobs, locked. The share is the tier's weight
+among the tiers with a turn in progress and itself (before, among all three: the ``batch``
+tier alone in use, weight 5 of 100, read its round head only); it decides only how much is
+read. The pairs after the
 second wait in a queue: when the pair after the head becomes the head, the next queued pair of
 its tier takes its place, with no statement. The queue is dropped where revision 0020 drops
 the pair after the head (the round skip of revision 0022 changes deficits: the round is loaded
@@ -60,13 +63,26 @@ _DECLARATIONS = """\
     qn integer;
 """
 
-_SHARE_END = """\
+_SHARE = """\
+            total := weight[1] + weight[2] + weight[3];
+            FOR ri IN 1 .. 3 LOOP
+                share[ri] := CASE WHEN policy IN ('strict', 'probabilistic') OR total <= 0
+                                  THEN max_jobs
                                   ELSE ceil(max_jobs * weight[ri] / total)::integer END;
             END LOOP;
 """
-_SHARE_END_DEPTH = """\
+_SHARE_ACTIVE = """\
+            -- (revision 0025) among the tiers with a turn in progress, and itself: a tier
+            -- alone in use takes the whole claim (a guess for how much to read; it decides
+            -- nothing else)
+            FOR ri IN 1 .. 3 LOOP
+                total := CASE WHEN ri = 1 OR turn[1] IS NOT NULL THEN weight[1] ELSE 0 END
+                         + CASE WHEN ri = 2 OR turn[2] IS NOT NULL THEN weight[2] ELSE 0 END
+                         + CASE WHEN ri = 3 OR turn[3] IS NOT NULL THEN weight[3] ELSE 0 END;
+                share[ri] := CASE WHEN policy IN ('strict', 'probabilistic') OR total <= 0
+                                  THEN max_jobs
                                   ELSE ceil(max_jobs * weight[ri] / total)::integer END;
-                -- pairs to read: enough for its share at the base quantum (revision 0025)
+                -- pairs to read: enough for its share at the base quantum
                 depth[ri] := greatest(2, least(max_jobs + 1,
                                                ceil(share[ri] / nullif(base, 0))::integer + 1));
             END LOOP;
@@ -183,7 +199,7 @@ def dispatch() -> str:
     body: str = _revision_0023().dispatch()
     for anchor, replacement in (
         (_DECLARED, _DECLARATIONS),
-        (_SHARE_END, _SHARE_END_DEPTH),
+        (_SHARE, _SHARE_ACTIVE),
         (_LIMIT_2, _LIMIT_DEPTH),
         (_SECOND_PAIR_BRANCH, _SECOND_PAIR_BRANCH_RANKED),
         (_SECOND_PAIR_END, _QUEUED_PAIR),

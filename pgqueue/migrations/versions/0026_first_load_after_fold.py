@@ -12,7 +12,9 @@ workers of a busy queue never used the first load (found measuring this session'
 Now the claim's first pass loads the rounds with the first load whether or not it folded the
 inbox. The first load reads, per tier, whether due waiting pairs are there (the pairs the fold
 made due among them), so nothing it decides changes; only a pass after the work-conserving
-safety net (``repaired``) or with turns' moves still to write keeps the per-tier loads.
+safety net (``repaired``) or with turns' moves still to write keeps the per-tier loads. On the
+first pass the fold is a plain upsert: what its statement also read per tier (due waiting pairs,
+round members) the first load reads again.
 
 ``drr_dispatch`` is revision 0025's, edited here, not copied.
 
@@ -41,6 +43,37 @@ _GUARD_FIRST_PASS = (
 )
 
 
+_COMMENT = """\
+        -- says, per tier, whether the round has members and whether due pairs wait. After a
+        -- fold (new work came in: an idle worker's claim, usually of a few jobs) the per-tier
+        -- loads do it all, as before: cheaper there.
+"""
+_COMMENT_NOW = """\
+        -- says, per tier, whether the round has members and whether due pairs wait. It runs on
+        -- the claim's first pass, after a fold too (revision 0026).
+"""
+
+_FOLD = """\
+        IF inbox_folded THEN
+            -- One statement (revision 0014): fold the inbox in, then per tier whether due pairs wait
+"""
+_FOLD_FIRST_PASS = """\
+        IF inbox_folded AND cardinality(rot_ts) = 0 AND NOT repaired THEN
+            -- Fold the inbox in; the first load below finds out per tier whether due pairs
+            -- wait and whether the round has members (revision 0026).
+            WITH drained AS (
+                DELETE FROM pgqueue.drr_inbox RETURNING tier, tenant_id
+            )
+            INSERT INTO pgqueue.deficits AS d (tenant_id, tier, refill_offset)
+            SELECT DISTINCT x.tenant_id, x.tier, pgqueue.refill_offset(x.tenant_id)
+            FROM drained x
+            ON CONFLICT (tenant_id, tier) DO UPDATE SET due_at = '-infinity'
+            WHERE d.pos IS NULL;
+        ELSIF inbox_folded THEN
+            -- One statement (revision 0014): fold the inbox in, then per tier whether due pairs wait
+"""
+
+
 def _revision_0025() -> ModuleType:
     return revision_module(Path(__file__).with_name("0025_deeper_round_prefetch.py"))
 
@@ -52,7 +85,13 @@ def _revision_0017() -> ModuleType:
 def dispatch() -> str:
     """``drr_dispatch`` as this revision creates it."""
     body: str = _revision_0025().dispatch()
-    return replace_anchor(body, _GUARD, _GUARD_FIRST_PASS, what="revision 0026: drr_dispatch")
+    for anchor, replacement in (
+        (_GUARD, _GUARD_FIRST_PASS),
+        (_COMMENT, _COMMENT_NOW),
+        (_FOLD, _FOLD_FIRST_PASS),
+    ):
+        body = replace_anchor(body, anchor, replacement, what="revision 0026: drr_dispatch")
+    return body
 
 
 def upgrade() -> None:
