@@ -37,12 +37,13 @@ def _log_plans(c: psycopg.Connection[Any], plans: list[str], *settings: str) -> 
     c.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
 
 
-def claim_plans(dsn: str, limit: int = 10) -> list[str]:
-    """Plans of every statement pgqueue.claim runs (auto_explain, nested statements)."""
+def claim_plans(dsn: str, limit: int = 10, *settings: str) -> list[str]:
+    """Plans of every statement pgqueue.claim runs (auto_explain, nested statements, with
+    ``settings`` such as ``auto_explain.log_analyze = on``)."""
     plans: list[str] = []
     with psycopg.connect(dsn, autocommit=True) as c:
         _load_auto_explain(c)
-        _log_plans(c, plans)
+        _log_plans(c, plans, *settings)
         rows = c.execute("SELECT id FROM pgqueue.claim(%s, 'explain', 60)", (limit,)).fetchall()
         assert len(rows) == limit
     return plans
@@ -60,21 +61,33 @@ def test_claim_uses_indexes_at_scale(conn, db_dsn):
     conn.execute(
         """
         INSERT INTO pgqueue.jobs (tenant_id, origin, priority, payload, cost)
-        SELECT 't' || (g %% %s), 'user_action', 'critical', '{}'::jsonb, 1 + g %% 7
+        SELECT 't' || (g %% %s),
+               (ARRAY['user_action', 'scheduled', 'batch_job'])[1 + g %% 3]::pgqueue.origin,
+               (ARRAY['critical', 'standard', 'batch'])[1 + g %% 3]::pgqueue.tier,
+               '{}'::jsonb, 1 + g %% 7
         FROM generate_series(1, %s) g
         """,
         (TENANTS, QUEUED),
     )
     conn.commit()
-    conn.execute("ANALYZE pgqueue.jobs")
+    conn.execute("ANALYZE")
     conn.commit()
-    claim_plans(db_dsn)  # the first claim folds 1,000 new tenants into the round
+    claim_plans(db_dsn)  # the first claim folds 1,000 new tenants into each tier's round
     plans = claim_plans(db_dsn)
     on_jobs = [p for p in plans if "pgqueue.jobs" in p or " on jobs" in p]
     assert on_jobs, plans
     for plan in plans:
         assert "Seq Scan on jobs" not in plan, plan
     assert any("jobs_queued_tenant_head_idx" in p for p in plans)
+    # The first load probes for due waiting pairs once per tier, not once per pair it reads
+    # (revision 0025: its tiers' subquery, flattened into the pairs' join, ran its EXISTS 14
+    # times in a claim of 50 here, each probe walking the entries of the 3,000 pairs that had
+    # just left the waiting index).
+    analyzed = claim_plans(db_dsn, 50, "auto_explain.log_analyze = on")
+    first_load = [p for p in analyzed if "SELECT p.ord, p.rank" in p]
+    assert len(first_load) == 1, analyzed
+    probes = re.findall(r"deficits_waiting_idx.*loops=(\d+)\)", first_load[0])
+    assert probes and all(int(n) <= 3 for n in probes), first_load[0]
 
 
 def test_migration_0002_downgrades_and_upgrades(empty_db_dsn):
