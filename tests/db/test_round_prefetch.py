@@ -56,3 +56,14 @@ def test_a_claim_that_folds_new_work_in_loads_its_rounds_in_one_statement(conn, 
     assert any("DELETE FROM pgqueue.drr_inbox" in s for s in statements)  # it folded
     head_loads = [s for s in statements if _HEAD_LOAD in s]
     assert len(head_loads) <= 1, head_loads
+
+
+def test_a_tiny_base_quantum_does_not_break_the_claim(conn):
+    """Found by a fresh tester: the pairs to read, ceil(share / base quantum) + 1, was cast to
+    an integer before it was capped, so a base quantum set far below the tenants' floor of
+    0.001 made every claim fail ("integer out of range"); revision 0024 claimed as usual (the
+    round skip of revision 0022 serves such jobs)."""
+    add_jobs(conn, [(Tier.BATCH, "a", 1.0), (Tier.BATCH, "b", 1.0)])
+    conn.execute("SET pgqueue.default_quantum = '0.000000001'")
+    rows = conn.execute("SELECT (claimed).tenant_id FROM pgqueue.drr_dispatch(10, 'w', 60)")
+    assert sorted(r[0] for r in rows.fetchall()) == ["a", "b"]

@@ -82,9 +82,10 @@ _SHARE_ACTIVE = """\
                 share[ri] := CASE WHEN policy IN ('strict', 'probabilistic') OR total <= 0
                                   THEN max_jobs
                                   ELSE ceil(max_jobs * weight[ri] / total)::integer END;
-                -- pairs to read: enough for its share at the base quantum
+                -- pairs to read: enough for its share at the base quantum (capped before the
+                -- cast: a base quantum set far below the tenants' floor must not overflow it)
                 depth[ri] := greatest(2, least(max_jobs + 1,
-                                               ceil(share[ri] / nullif(base, 0))::integer + 1));
+                                               ceil(share[ri] / nullif(base, 0)) + 1)::integer);
             END LOOP;
             qp_ord := '{}';
             qp_t := '{}';
