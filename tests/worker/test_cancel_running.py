@@ -14,7 +14,7 @@ import pgqueue
 from pgqueue import JobSpec, Registry
 from pgqueue.models import Job
 from pgqueue.settings import Settings
-from pgqueue.worker.runtime import Worker
+from pgqueue.worker.runtime import Worker, WorkerStats
 
 
 def _holding() -> tuple[Registry, asyncio.Event, list[int]]:
@@ -90,6 +90,19 @@ def _one_job_and_a_worker(
     return held, worker, asyncio.create_task(worker.run(install_signal_handlers=False))
 
 
+async def _stopped(worker: Worker, run: asyncio.Task[Any]) -> WorkerStats:
+    """Stop ``worker`` and return its stats."""
+    worker.request_stop()
+    stats: WorkerStats = await asyncio.wait_for(run, 30)
+    return stats
+
+
+def _cancelled_once(stats: WorkerStats) -> None:
+    """The job was stopped as cancelled, not counted as a lost lease."""
+    assert stats.outcomes["cancelled"] == 1, stats
+    assert stats.lost_leases == 0, stats
+
+
 async def _succeeded(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row: Any = conn.execute(
@@ -133,8 +146,7 @@ async def test_a_cancel_held_open_does_not_stop_the_other_completions(db_dsn: st
             assert await _succeeded(db_dsn) == 30, "the held cancel stopped the worker"
             await canceller.commit()
     finally:
-        worker.request_stop()
-        stats = await asyncio.wait_for(run, 30)
+        stats = await _stopped(worker, run)
     assert stats.outcomes["cancelled"] == 1, stats
     assert stats.outcomes["lease_lost"] == 0 and stats.lost_leases == 0, stats
     with psycopg.connect(db_dsn, autocommit=True) as conn:
@@ -163,10 +175,8 @@ async def test_a_heartbeat_during_an_uncommitted_cancel_still_stops_the_handler(
         await _until(lambda: bool(stopped))
         assert stopped == [held]
     finally:
-        worker.request_stop()
-        stats = await asyncio.wait_for(run, 30)
-    assert stats.outcomes["cancelled"] == 1, stats
-    assert stats.lost_leases == 0, stats
+        stats = await _stopped(worker, run)
+    _cancelled_once(stats)
 
 
 @pytest.mark.timeout(60)
@@ -184,7 +194,5 @@ async def test_a_running_job_deleted_by_hand_stops_its_handler(db_dsn: str) -> N
         await _until(lambda: bool(stopped))
         assert stopped == [held]
     finally:
-        worker.request_stop()
-        stats = await asyncio.wait_for(run, 30)
-    assert stats.outcomes["cancelled"] == 1, stats
-    assert stats.lost_leases == 0, stats
+        stats = await _stopped(worker, run)
+    _cancelled_once(stats)
