@@ -11,8 +11,8 @@ How it measures:
 - A private PostgreSQL cluster in a temporary directory (``initdb``; ``fsync``, ``autovacuum``
   off; a Unix socket only), one template database per revision in ``--revisions``, migrated to
   that revision, filled with ``--jobs`` no-op jobs of the benchmark's shape (``pgqueue bench``:
-  10 tenants, the three tiers, one payload), then ``--warm`` claims and completions so that the
-  DRR rounds are in their steady state.
+  ``--tenants`` tenants, 10 by default, the three tiers, one payload), then ``--warm`` claims
+  and completions so that the DRR rounds are in their steady state.
 - With the server stopped, for each revision and for N in (``--short``, ``--long``): a fresh
   copy of its template (``CREATE DATABASE … TEMPLATE``) and one single-user backend
   (``postgres --single``) under ``valgrind --tool=callgrind`` running N cycles of the worker's
@@ -130,15 +130,18 @@ class Cluster:
         return done.stdout + done.stderr
 
 
-def _prepare(cluster: Cluster, db: str, revision: str, *, jobs: int, warm: int, batch: int) -> None:
-    """Template ``db``: pgqueue at ``revision``, ``jobs`` queued no-op jobs, ``warm`` cycles."""
+def _prepare(
+    cluster: Cluster, db: str, revision: str, *, jobs: int, warm: int, batch: int, tenants: int
+) -> None:
+    """Template ``db``: pgqueue at ``revision``, ``jobs`` queued no-op jobs over ``tenants``
+    tenants, ``warm`` cycles."""
     with psycopg.connect(cluster.dsn("postgres"), autocommit=True) as c:
         c.execute(f'CREATE DATABASE "{db}"')
     dsn = cluster.dsn(db)
     migrate.upgrade(dsn, revision)
     with psycopg.connect(dsn) as conn:
         for part in _chunks(jobs, 1000):
-            pgqueue.enqueue_many(conn, [pgqueue.JobSpec(**_job(i, 10)) for i in part])
+            pgqueue.enqueue_many(conn, [pgqueue.JobSpec(**_job(i, tenants)) for i in part])
         conn.commit()
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
         params = {"limit": batch, "worker_id": "warm", "lease_seconds": 120}
@@ -188,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--revisions", default="head", help="comma-separated, e.g. 0019,head")
     parser.add_argument("--jobs", type=int, default=30_000)
     parser.add_argument("--batch", type=int, default=10, help="jobs per claim")
+    parser.add_argument("--tenants", type=int, default=10, help="tenants the jobs are spread over")
     parser.add_argument("--warm", type=int, default=100, help="cycles before the template")
     parser.add_argument("--short", type=int, default=10)
     parser.add_argument("--long", type=int, default=60)
@@ -220,7 +224,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for i, revision in enumerate(revisions):
                 _prepare(
-                    cluster, f"tpl{i}", revision, jobs=args.jobs, warm=args.warm, batch=args.batch
+                    cluster,
+                    f"tpl{i}",
+                    revision,
+                    jobs=args.jobs,
+                    warm=args.warm,
+                    batch=args.batch,
+                    tenants=args.tenants,
                 )
         finally:
             cluster.stop()
