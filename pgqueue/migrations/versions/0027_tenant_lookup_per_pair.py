@@ -2,11 +2,13 @@
 
 Revision 0020's first load reads the round's first pairs of each tier (revision 0025: as many
 as the tier's part of the claim needs) and joins each to its row of ``pgqueue.tenants`` for
-its quantum. In ``drr_dispatch``'s generic plan the number of pairs read is a parameter
-(``LIMIT depth[tier]``) that the planner takes for 100 rows, so it chose a merge join: the
+its quantum. ``drr_dispatch`` always runs generic plans (``plan_cache_mode`` is set on it,
+revision 0011), where the number of pairs read is a parameter (``LIMIT depth[tier]``). Once
+the statistics of ``pgqueue.deficits`` count the rounds' pairs (after an ``ANALYZE``, which
+autovacuum runs), the planner took that parameter for many rows and chose a merge join: the
 pairs sorted by tenant, against a walk of ``tenants_pkey`` from its first entry to the last
 pair's tenant. At 1,000 tenants that walk read 470–880 tenant rows per tier in every claim of
-10 (``auto_explain``, three tiers), and a claim + completion of 10 cost 10.41 M instructions
+10 (``auto_explain``, three tiers), and a claim + completion of 10 cost 10.40 M instructions
 against 7.00 M at 10 tenants (callgrind, ``bench/claim_instructions.py --tenants``).
 
 Now the tenant is looked up in a subquery of its own per pair (kept apart with ``OFFSET 0``, so
