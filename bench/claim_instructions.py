@@ -206,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
             pwd.getpwnam("postgres")
         except KeyError:
             parser.error("run as root, this needs a 'postgres' user to run the server as")
+    if args.tenants < 1:
+        parser.error("--tenants must be at least 1")
     if args.long <= args.short or args.jobs < args.batch * (args.warm + args.long):
         parser.error("need --long > --short and --jobs >= --batch * (--warm + --long)")
     bindir = args.bindir or Path(
