@@ -3,15 +3,18 @@
 Revision 0028 takes the turns that end without serving in memory; revision 0027 took each in
 a statement of its own. Two databases on the same server, one at each revision, get the same
 tenants, quanta and jobs (``--seed``); then, per repeat, each runs the same claim of
-``--claim`` jobs (interleaved: 0027, 0028, 0027, …; the data rebuilt before each claim). It
+``--claim`` jobs (each revision first in every other repeat; the data rebuilt before each
+claim, and each claim timed in a session that ran it once already and rolled it back). It
 reports the median wall time of the claim, the ratio, the statements each claim ran (counted
 with ``auto_explain``, nested statements, in a run of its own), and whether both claims took
 the same jobs in the same order and left the same deficits, positions, rounds and turns.
 
-Cases (``--cases``) are shape:tenants. Two shapes: ``tiny`` (quanta uniform in 0.001–1, 10
+Cases (``--cases``) are shape:tenants. Three shapes: ``tiny`` (quanta uniform in 0.001–1, 10
 jobs per tenant and tier of costs log-uniform in 1,000–1,000,000 cost units, three tiers) and
 ``normal`` (quantum 5, 40 jobs per tenant and tier of cost 1: the usual claim, which revision
-0028 must leave as it was). Not part of pytest.
+0028 must leave as it was); and ``mixed`` (one tier, 10 jobs per tenant; in round order two
+tenants like ``tiny``'s with one cost each, then one of quantum 1 and cost 1: the third pair of
+a dispatch pays, so reading many pairs at once would be waste). Not part of pytest.
 
     python bench/idle_turns.py --dsn postgresql://root@127.0.0.1/postgres \
         --cases tiny:30,tiny:300,normal:1000 --claim 100 --repeats 3 --json bench/idle_turns.json
@@ -51,18 +54,39 @@ def _workload(shape: str, tenants: int, seed: int) -> tuple[list[Any], list[Any]
     rng = random.Random(seed)
     quanta = []
     jobs = []
+    tiers = ("critical",) if shape == "mixed" else TIERS
     for n in range(tenants):
         name = f"t{n:05d}"
         quanta.append((name, rng.uniform(0.001, 1.0) if shape == "tiny" else 5.0))
-        for tier in TIERS:
-            for _ in range(10 if shape == "tiny" else 40):
+        for tier in tiers:
+            for _ in range(40 if shape == "normal" else 10):
                 cost = 10 ** rng.uniform(3, 6) if shape == "tiny" else 1.0
                 jobs.append((name, tier, cost))
     rng.shuffle(jobs)
     return quanta, jobs
 
 
-def _fill(dsn: str, quanta: list[Any], jobs: list[Any]) -> None:
+def _mixed_roles(c: psycopg.Connection[Any], seed: int) -> None:
+    """``mixed``: in round order, two pairs that cannot pay (quantum 0.001-1, cost 1,000-
+    1,000,000), then one that pays a job per turn (quantum 1, cost 1), and so on."""
+    rng = random.Random(seed)
+    order = [
+        r[0]
+        for r in c.execute(
+            # the order the waiting pairs join the round in (revision 0023)
+            "SELECT tenant_id FROM pgqueue.deficits WHERE tier = 'critical' "
+            'ORDER BY refill_offset, tenant_id COLLATE "C"'
+        )
+    ]
+    for i, tenant in enumerate(order):
+        quantum, cost = (
+            (1.0, 1.0) if i % 3 == 2 else (rng.uniform(0.001, 1), 10 ** rng.uniform(3, 6))
+        )
+        c.execute("UPDATE pgqueue.tenants SET quantum = %s WHERE tenant_id = %s", (quantum, tenant))
+        c.execute("UPDATE pgqueue.jobs SET cost = %s WHERE tenant_id = %s", (cost, tenant))
+
+
+def _fill(dsn: str, shape: str, quanta: list[Any], jobs: list[Any], seed: int) -> None:
     with psycopg.connect(dsn) as c:
         c.execute(
             "TRUNCATE pgqueue.jobs, pgqueue.deficits, pgqueue.drr_inbox, pgqueue.tenants CASCADE"
@@ -94,15 +118,22 @@ def _fill(dsn: str, quanta: list[Any], jobs: list[Any]) -> None:
             ),
         )
         c.execute("SELECT count(*) FROM pgqueue.claim(0, 'fold', 60)")  # fold the inbox in
+        if shape == "mixed":
+            _mixed_roles(c, seed)
         c.commit()
         c.autocommit = True
         c.execute("VACUUM ANALYZE pgqueue.deficits, pgqueue.jobs, pgqueue.tenants")
 
 
 def _claim(dsn: str, limit: int, count_statements: bool) -> tuple[float, int, list[Any]]:
-    """(seconds, statements or 0, [claimed rows, deficits, tier state])."""
+    """(seconds, statements or 0, [claimed rows, deficits, tier state]) of one claim, timed
+    in a session that has run the same claim once already (rolled back), so that compiling
+    ``drr_dispatch`` and planning its statements are not in the time."""
     notices: list[str] = []
-    with psycopg.connect(dsn, autocommit=True) as c:
+    claim = "SELECT id, tenant_id, priority::text FROM pgqueue.claim(%s, 'bench', 60)"
+    with psycopg.connect(dsn) as c:
+        c.execute(claim, (limit,)).fetchall()
+        c.rollback()
         if count_statements:
             c.execute("LOAD 'auto_explain'")
             for setting in (
@@ -111,11 +142,11 @@ def _claim(dsn: str, limit: int, count_statements: bool) -> tuple[float, int, li
                 "client_min_messages = log",
             ):
                 c.execute(f"SET {setting}")
+            c.commit()
             c.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
         start = time.perf_counter()
-        rows = c.execute(
-            "SELECT id, tenant_id, priority::text FROM pgqueue.claim(%s, 'bench', 60)", (limit,)
-        ).fetchall()
+        rows = c.execute(claim, (limit,)).fetchall()
+        c.commit()
         seconds = time.perf_counter() - start
         state = [rows, c.execute(_STATE).fetchall(), c.execute(_TIER_STATE).fetchall()]
     statements = sum(1 for n in notices if n.startswith("duration:"))
@@ -137,8 +168,9 @@ def _case(dsn: str, shape: str, tenants: int, *, limit: int, repeats: int, seed:
         statements: dict[str, int] = {}
         states: dict[str, list[Any]] = {}
         for repeat in range(repeats + 1):  # the first: statements counted, not timed
-            for rev, rev_dsn in dsns.items():
-                _fill(rev_dsn, quanta, jobs)
+            order = list(dsns.items())
+            for rev, rev_dsn in order if repeat % 2 else order[::-1]:  # each first in turn
+                _fill(rev_dsn, shape, quanta, jobs, seed)
                 took, counted, state = _claim(rev_dsn, limit, count_statements=repeat == 0)
                 if repeat == 0:
                     statements[rev] = counted
@@ -181,8 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     cases: list[tuple[str, int]] = []
     for item in args.cases.split(","):
         shape, _, count = item.partition(":")
-        if shape not in ("tiny", "normal") or not count.isdigit() or int(count) < 1:
-            parser.error(f"--cases: {item!r} is not tiny:N or normal:N with N >= 1")
+        if shape not in ("tiny", "normal", "mixed") or not count.isdigit() or int(count) < 1:
+            parser.error(f"--cases: {item!r} is not tiny:N, normal:N or mixed:N with N >= 1")
         cases.append((shape, int(count)))
     if args.claim < 1 or args.repeats < 1:
         parser.error("--claim and --repeats must be at least 1")
