@@ -9,12 +9,13 @@ reports the median wall time of the claim, the ratio, the statements each claim 
 with ``auto_explain``, nested statements, in a run of its own), and whether both claims took
 the same jobs in the same order and left the same deficits, positions, rounds and turns.
 
-Cases (``--cases``) are shape:tenants. Three shapes: ``tiny`` (quanta uniform in 0.001–1, 10
+Cases (``--cases``) are shape:tenants. Four shapes: ``tiny`` (quanta uniform in 0.001–1, 10
 jobs per tenant and tier of costs log-uniform in 1,000–1,000,000 cost units, three tiers) and
 ``normal`` (quantum 5, 40 jobs per tenant and tier of cost 1: the usual claim, which revision
 0028 must leave as it was); and ``mixed`` (one tier, 10 jobs per tenant; in round order two
 tenants like ``tiny``'s with one cost each, then one of quantum 1 and cost 1: the third pair of
-a dispatch pays, so reading many pairs at once would be waste). Not part of pytest.
+a dispatch pays, so reading many pairs at once would be waste); ``alternate``, the same with
+every second pair paying. Not part of pytest.
 
     python bench/idle_turns.py --dsn postgresql://root@127.0.0.1/postgres \
         --cases tiny:30,tiny:300,normal:1000 --claim 100 --repeats 3 --json bench/idle_turns.json
@@ -54,7 +55,7 @@ def _workload(shape: str, tenants: int, seed: int) -> tuple[list[Any], list[Any]
     rng = random.Random(seed)
     quanta = []
     jobs = []
-    tiers = ("critical",) if shape == "mixed" else TIERS
+    tiers = ("critical",) if shape in ("mixed", "alternate") else TIERS
     for n in range(tenants):
         name = f"t{n:05d}"
         quanta.append((name, rng.uniform(0.001, 1.0) if shape == "tiny" else 5.0))
@@ -66,9 +67,10 @@ def _workload(shape: str, tenants: int, seed: int) -> tuple[list[Any], list[Any]
     return quanta, jobs
 
 
-def _mixed_roles(c: psycopg.Connection[Any], seed: int) -> None:
-    """``mixed``: in round order, two pairs that cannot pay (quantum 0.001-1, cost 1,000-
-    1,000,000), then one that pays a job per turn (quantum 1, cost 1), and so on."""
+def _mixed_roles(c: psycopg.Connection[Any], seed: int, period: int) -> None:
+    """``mixed`` (period 3) and ``alternate`` (2): in round order, period - 1 pairs that cannot
+    pay (quantum 0.001-1, cost 1,000-1,000,000), then one that pays a job per turn (quantum
+    1, cost 1), and so on."""
     rng = random.Random(seed)
     order = [
         r[0]
@@ -80,7 +82,9 @@ def _mixed_roles(c: psycopg.Connection[Any], seed: int) -> None:
     ]
     for i, tenant in enumerate(order):
         quantum, cost = (
-            (1.0, 1.0) if i % 3 == 2 else (rng.uniform(0.001, 1), 10 ** rng.uniform(3, 6))
+            (1.0, 1.0)
+            if i % period == period - 1
+            else (rng.uniform(0.001, 1), 10 ** rng.uniform(3, 6))
         )
         c.execute("UPDATE pgqueue.tenants SET quantum = %s WHERE tenant_id = %s", (quantum, tenant))
         c.execute("UPDATE pgqueue.jobs SET cost = %s WHERE tenant_id = %s", (cost, tenant))
@@ -118,8 +122,8 @@ def _fill(dsn: str, shape: str, quanta: list[Any], jobs: list[Any], seed: int) -
             ),
         )
         c.execute("SELECT count(*) FROM pgqueue.claim(0, 'fold', 60)")  # fold the inbox in
-        if shape == "mixed":
-            _mixed_roles(c, seed)
+        if shape in ("mixed", "alternate"):
+            _mixed_roles(c, seed, 3 if shape == "mixed" else 2)
         c.commit()
         c.autocommit = True
         c.execute("VACUUM ANALYZE pgqueue.deficits, pgqueue.jobs, pgqueue.tenants")
@@ -213,8 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     cases: list[tuple[str, int]] = []
     for item in args.cases.split(","):
         shape, _, count = item.partition(":")
-        if shape not in ("tiny", "normal", "mixed") or not count.isdigit() or int(count) < 1:
-            parser.error(f"--cases: {item!r} is not tiny:N, normal:N or mixed:N with N >= 1")
+        if (
+            shape not in ("tiny", "normal", "mixed", "alternate")
+            or not count.isdigit()
+            or int(count) < 1
+        ):
+            parser.error(
+                f"--cases: {item!r} is not a shape (tiny, normal, mixed, alternate):N with N >= 1"
+            )
         cases.append((shape, int(count)))
     if args.claim < 1 or args.repeats < 1:
         parser.error("--claim and --repeats must be at least 1")

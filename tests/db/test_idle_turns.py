@@ -136,7 +136,7 @@ def test_a_dispatch_whose_third_pair_pays_reads_about_one_pair(conn, db_dsn):
     where the third pair of every dispatch pays. 300 tenants, in round order two pairs that
     cannot pay (quantum 0.01, cost 5,000), then one that pays a job per turn (quantum 1, cost
     1): now the first read takes as many pairs as the tier's last run in memory took turns,
-    plus one, here one pair, as a head load does."""
+    plus one (at least two), and no run starts before a dispatch's fourth such turn."""
     tenants = [f"t{n:03d}" for n in range(300)]
     add_jobs(conn, [(C, t, 1.0) for t in tenants for _ in range(3)])
     conn.execute("SELECT count(*) FROM pgqueue.claim(0, 'fold', 60)")
@@ -162,6 +162,41 @@ def test_a_dispatch_whose_third_pair_pays_reads_about_one_pair(conn, db_dsn):
         ).fetchone()
         claimer.rollback()
     conn.rollback()
-    # the 20 jobs taken and the next due job of each pair looked at: 80 at revision 0027 too
-    # (140 when every read took as many pairs as the last one)
-    assert locked is not None and locked[0] <= 80, locked
+    # the 20 jobs taken and the next due job of each pair looked at: 80 at revision 0027, 81
+    # here (a read takes at least two pairs), 140 when every read took as many as the last
+    assert locked is not None and locked[0] <= 85, locked
+
+
+def _alternate(c: psycopg.Connection[Any]) -> None:
+    """One tier, 20 tenants: in round order a pair that cannot pay (quantum 0.01, cost
+    5,000), then one that pays a job per turn (quantum 1, cost 1), and so on."""
+    tenants = [f"t{n:02d}" for n in range(20)]
+    add_jobs(c, [(C, t, 1.0) for t in tenants for _ in range(10)])
+    c.execute("SELECT count(*) FROM pgqueue.claim(0, 'fold', 60)")
+    order = [
+        r[0]
+        for r in c.execute(
+            "SELECT tenant_id FROM pgqueue.deficits WHERE tier = 'critical' "
+            'ORDER BY refill_offset, tenant_id COLLATE "C"'
+        )
+    ]
+    for i, tenant in enumerate(order):
+        quantum, cost = (1.0, 1.0) if i % 2 else (0.01, 5000.0)
+        set_tenant(c, tenant, quantum=quantum)
+        c.execute("UPDATE pgqueue.jobs SET cost = %s WHERE tenant_id = %s", (cost, tenant))
+    c.commit()
+
+
+def test_where_every_second_pair_pays_no_more_statements_than_0027(db_dsn, dsn_0027):
+    """Found by a second fresh tester: a run in memory from a dispatch's third turn handed a
+    pair that pays back with one job buffered, where a head load buffers the jobs its credit
+    covers, so its next dispatch fetched again: about one statement more per dispatch than
+    revision 0027 (311 against 212 in their claim of 100)."""
+    counts = []
+    for dsn in (db_dsn, dsn_0027):
+        with psycopg.connect(dsn) as c:
+            _alternate(c)
+        ids, statements = _claim_logging_statements(dsn, 30)
+        assert len(ids) == 30
+        counts.append(len(statements))
+    assert counts[0] <= counts[1], counts

@@ -10,20 +10,24 @@ wrote the ended turn's move (a non-HOT update of ``pgqueue.deficits``); the next
 the same transaction, so a claim was quadratic in its turns. A claim of 100 over 30 tenants of
 such quanta and costs ran 7,980 statements in 4.9–9.8 s (docs/bench.md).
 
-Now, from the third turn of a dispatch that ends without serving, after a round skip, and from
-the first where the tier's last such run took turns, ``drr_dispatch`` reads the round's next pairs in one statement (their deficits, positions,
-quanta, and each pair's next due job, locked) and takes their turns in memory with the same
+Now, from the fourth turn of a dispatch that ends without serving, after a round skip, and from
+the first where the tier's last such run in the claim took turns, ``drr_dispatch`` reads the round's next pairs in one statement (their deficits, positions,
+quanta, each pair's next due job, locked, and for a pair that can pay the jobs a head load
+would buffer for it) and takes their turns in memory with the same
 arithmetic as the loop: the round counter where a pair's position passes the round's end,
 one quantum added (``deficit + quantum``, the same floating-point operation), the comparison
 with the job's cost, and the move to the tail noted for the next write. It hands back to the
 loop at the first pair that can pay, that has nothing due, or whose turn would reach the skip;
 the loop then takes that turn as before. When one read holds the whole round, the pairs come round again in memory.
 The first read takes as many pairs as the tier's last run in memory took turns, plus one, or
-half the size of the last first read if that is more (at first one pair, as a head load does),
-each further read twice as many, at most 256 and never
+half the size of the last first read if that is more (at least two), each further read twice
+as many, at most 256 and never
 more than the turns left before the skip. (Reads sized by the turns the claim had taken before
 locked and read dozens of pairs where the third pair of every dispatch pays: 1.3–1.7× the time
-of revision 0027 in such rounds, found by a fresh tester.)
+of revision 0027 in such rounds; a run from the third turn, handing back a pair that pays with
+one job buffered, cost a statement more per dispatch where every second pair pays. Both found
+by fresh testers. Where the third or fourth pair of a dispatch pays, the claim now runs the
+statements of revision 0027.)
 
 The head loads of a dispatch and this read start at the position of the last pair whose turn
 ended (``pos > lo_pos``): every pair still in the round lies after it, and the versions written
@@ -72,12 +76,20 @@ _DECLARE_WINDOW = """\
     w_cost double precision[];
     w_run timestamptz[];
     w_rot integer[];
+    -- a pair that can pay: its jobs as a head load reads them (w_pn of them, from w_poff + 1
+    -- in wj_*; w_plim: the head load's limit)
+    w_pn integer[];
+    w_plim integer[];
+    w_poff integer[];
+    wj_id bigint[];
+    wj_cost double precision[];
+    wj_run timestamptz[];
+    wr record;
     w_lim integer;
     w_size integer;                      -- pairs to read next: doubles at each read
     w_turns integer;                     -- turns taken in memory since the first read
     -- per tier, the pairs the first read takes: the turns the tier's last run in memory took,
-    -- plus one, or half the last size if more (a round where the third pair pays reads one
-    -- pair, as a head load does)
+    -- plus one, or half the last size if more (1: no run yet, or runs of no turns)
     w_first integer[] := '{1,1,1}';
     wn integer;
     wi integer;
@@ -102,18 +114,18 @@ _DISPATCH_START_WINDOW = """\
             idle := 0;
             idle_limit := 64;
             LOOP
-                -- From the third turn of this dispatch that ended without serving, after a
+                -- From the fourth turn of this dispatch that ended without serving, after a
                 -- round skip, and at once where the tier's last run in memory took turns, the
                 -- turns that end so are taken in memory (revision 0028), with the loop's
                 -- arithmetic, over the round's next pairs read at once; the loop takes the turn
                 -- of the first pair that can pay, has nothing due, or whose turn would reach
                 -- the skip.
-                IF idle < 2 AND idle_limit = 64 AND w_first[b] = 1 THEN
+                IF idle < 3 AND idle_limit = 64 AND w_first[b] = 1 THEN
                     NULL;  -- (the usual case, decided with one expression)
                 ELSIF ht[b] IS NULL AND nt[b] IS NULL AND turn[b] IS NULL
                       AND idle + 1 < idle_limit THEN
                     w_out := false;
-                    w_size := w_first[b];
+                    w_size := greatest(w_first[b], 2);
                     w_turns := 0;
                     LOOP
                         -- the tier's turns that ended, to write first
@@ -130,6 +142,20 @@ _DISPATCH_START_WINDOW = """\
                         -- the turns left before the skip, and the pair after them
                         w_lim := least(w_size, 256, idle_limit - idle);
                         w_size := least(w_size * 2, 256);
+                        w_t := '{}';
+                        w_def := '{}';
+                        w_q := '{}';
+                        w_pos := '{}';
+                        w_id := '{}';
+                        w_cost := '{}';
+                        w_run := '{}';
+                        w_pn := '{}';
+                        w_plim := '{}';
+                        w_poff := '{}';
+                        wj_id := '{}';
+                        wj_cost := '{}';
+                        wj_run := '{}';
+                        FOR wr IN
                         WITH rotated AS (
                             UPDATE pgqueue.deficits d SET deficit = u.deficit, pos = u.pos
                             FROM unnest(rt, rdef, rpos) AS u(tenant_id, deficit, pos)
@@ -147,32 +173,63 @@ _DISPATCH_START_WINDOW = """\
                             ORDER BY h.pos
                             LIMIT w_lim
                         )
-                        SELECT array_agg(w.tenant_id ORDER BY w.pos),
-                               array_agg(w.deficit ORDER BY w.pos),
-                               array_agg(q.quantum ORDER BY w.pos),
-                               array_agg(w.pos ORDER BY w.pos),
-                               array_agg(f.id ORDER BY w.pos),
-                               array_agg(f.cost ORDER BY w.pos),
-                               array_agg(f.run_at ORDER BY w.pos)
-                        INTO w_t, w_def, w_q, w_pos, w_id, w_cost, w_run
-                        FROM win w
-                        LEFT JOIN LATERAL (
-                            SELECT tq.plan, tq.quantum FROM pgqueue.tenants tq
-                            WHERE tq.tenant_id = w.tenant_id
-                            OFFSET 0) tn ON true
-                        CROSS JOIN LATERAL (
-                            SELECT pgqueue.plan_quantum(tn.plan, tn.quantum, base) AS quantum) q
-                        LEFT JOIN LATERAL (
-                            SELECT j.id, j.cost, j.run_at FROM pgqueue.jobs j
-                            WHERE j.tenant_id = w.tenant_id AND j.priority = tr
-                              AND j.state = 'queued' AND j.run_at <= now()
-                              AND (j.tenant_id, j.priority, j.run_at, j.id)
-                                  > (w.tenant_id, tr, '-infinity'::timestamptz,
-                                     -9223372036854775808)
-                              AND j.id <> ALL (picked)
-                            ORDER BY j.tenant_id, j.priority, j.run_at, j.id
-                            LIMIT 1
-                            FOR UPDATE SKIP LOCKED) f ON true;
+                            SELECT w.tenant_id, w.deficit, q.quantum, w.pos, f.id, f.cost,
+                                   f.run_at, pl.lim, pj.ids, pj.costs, pj.runs
+                            FROM win w
+                            LEFT JOIN LATERAL (
+                                SELECT tq.plan, tq.quantum FROM pgqueue.tenants tq
+                                WHERE tq.tenant_id = w.tenant_id
+                                OFFSET 0) tn ON true
+                            CROSS JOIN LATERAL (
+                                SELECT pgqueue.plan_quantum(tn.plan, tn.quantum, base) AS quantum) q
+                            LEFT JOIN LATERAL (
+                                SELECT j.id, j.cost, j.run_at FROM pgqueue.jobs j
+                                WHERE j.tenant_id = w.tenant_id AND j.priority = tr
+                                  AND j.state = 'queued' AND j.run_at <= now()
+                                  AND (j.tenant_id, j.priority, j.run_at, j.id)
+                                      > (w.tenant_id, tr, '-infinity'::timestamptz,
+                                         -9223372036854775808)
+                                  AND j.id <> ALL (picked)
+                                ORDER BY j.tenant_id, j.priority, j.run_at, j.id
+                                LIMIT 1
+                                FOR UPDATE SKIP LOCKED) f ON true
+                            CROSS JOIN LATERAL (  -- as a head load: at most floor(credit) jobs
+                                SELECT least((max_jobs - taken)::double precision,
+                                             floor(w.deficit + q.quantum))::integer + 1 AS lim) pl
+                            -- a pair that can pay gets the jobs a head load would give it
+                            CROSS JOIN LATERAL (
+                                SELECT array_agg(y.id) AS ids,
+                                       array_agg(y.cost) AS costs,
+                                       array_agg(y.run_at) AS runs
+                                FROM (SELECT j.id, j.cost, j.run_at FROM pgqueue.jobs j
+                                      WHERE f.cost <= w.deficit + q.quantum
+                                        AND j.tenant_id = w.tenant_id AND j.priority = tr
+                                        AND j.state = 'queued' AND j.run_at <= now()
+                                        AND (j.tenant_id, j.priority, j.run_at, j.id)
+                                            > (w.tenant_id, tr, '-infinity'::timestamptz,
+                                               -9223372036854775808)
+                                        AND j.id <> ALL (picked)
+                                      ORDER BY j.tenant_id, j.priority, j.run_at, j.id
+                                      LIMIT pl.lim
+                                      FOR UPDATE SKIP LOCKED) y) pj
+                            ORDER BY w.pos
+                        LOOP
+                            w_t := w_t || wr.tenant_id;
+                            w_def := w_def || wr.deficit;
+                            w_q := w_q || wr.quantum;
+                            w_pos := w_pos || wr.pos;
+                            w_id := w_id || wr.id;
+                            w_cost := w_cost || wr.cost;
+                            w_run := w_run || wr.run_at;
+                            w_plim := w_plim || wr.lim;
+                            w_poff := w_poff || cardinality(wj_id);
+                            w_pn := w_pn || coalesce(cardinality(wr.ids), 0);
+                            IF wr.ids IS NOT NULL THEN
+                                wj_id := wj_id || wr.ids;
+                                wj_cost := wj_cost || wr.costs;
+                                wj_run := wj_run || wr.runs;
+                            END IF;
+                        END LOOP;
                         IF cardinality(rt) > 0 THEN  -- written: keep the other tiers' moves only
                             rt := '{}';
                             rtr := '{}';
@@ -212,6 +269,16 @@ _DISPATCH_START_WINDOW = """\
                                     IF w_cost[wi] IS NULL THEN
                                         bn[b] := 0;
                                         bdone[b] := true;
+                                    ELSIF w_pn[wi] > 0 THEN  -- it can pay: a head load's jobs
+                                        n := w_pn[wi];
+                                        b_id[off + 1 : off + n] :=
+                                            wj_id[w_poff[wi] + 1 : w_poff[wi] + n];
+                                        b_cost[off + 1 : off + n] :=
+                                            wj_cost[w_poff[wi] + 1 : w_poff[wi] + n];
+                                        b_run[off + 1 : off + n] :=
+                                            wj_run[w_poff[wi] + 1 : w_poff[wi] + n];
+                                        bn[b] := n;
+                                        bdone[b] := n < w_plim[wi];
                                     ELSE
                                         b_id[off + 1] := w_id[wi];
                                         b_cost[off + 1] := w_cost[wi];
