@@ -33,7 +33,7 @@ FROM pgqueue.tier_state ORDER BY tier
 def test_turns_that_cannot_pay_take_a_few_statements_per_dispatch(conn, db_dsn):
     """10 tenants, quantum 1, jobs of 300-900 cost units: each dispatch needs hundreds of
     turns. Revision 0027 ran a statement per turn up to the round skip (64 per dispatch: 1,389
-    statements in this claim of 20); revision 0028 runs 135."""
+    statements in this claim of 20); revision 0028 runs 116."""
     for n in range(10):
         set_tenant(conn, f"t{n}", quantum=1.0)
     conn.commit()
@@ -48,7 +48,7 @@ def test_turns_that_cannot_pay_take_a_few_statements_per_dispatch(conn, db_dsn):
 def test_a_round_read_whole_comes_round_again_in_memory(conn, db_dsn):
     """Two tenants, quantum 1, costs of 21 and 20: their turns alternate in memory, the round
     read once, until one can pay at its 20th or 21st turn (before the round skip, which comes
-    at a dispatch's 64th turn). This claim ran 61 statements at revision 0027, 30 at 0028."""
+    at a dispatch's 64th turn). This claim ran 61 statements at revision 0027, 28 at 0028."""
     set_tenant(conn, "a", quantum=1.0)
     set_tenant(conn, "b", quantum=1.0)
     conn.commit()
