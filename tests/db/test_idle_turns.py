@@ -130,6 +130,28 @@ def test_same_decisions_as_revision_0027(db_dsn, dsn_0027, seed):
                 old.commit()
 
 
+def _payers_every(c: psycopg.Connection[Any], period: int, *, tenants: int, jobs: int) -> None:
+    """One tier, ``tenants`` tenants of ``jobs`` jobs: in round order ``period`` - 1 pairs
+    that cannot pay (quantum 0.01, cost 5,000), then one that pays a job per turn (quantum 1,
+    cost 1), and so on; committed."""
+    names = [f"t{n:04d}" for n in range(tenants)]
+    add_jobs(c, [(C, t, 1.0) for t in names for _ in range(jobs)])
+    c.execute("SELECT count(*) FROM pgqueue.claim(0, 'fold', 60)")
+    order = [
+        r[0]
+        for r in c.execute(
+            # the order the waiting pairs join the round in (revision 0023)
+            "SELECT tenant_id FROM pgqueue.deficits WHERE tier = 'critical' "
+            'ORDER BY refill_offset, tenant_id COLLATE "C"'
+        )
+    ]
+    for i, tenant in enumerate(order):
+        quantum, cost = (1.0, 1.0) if i % period == period - 1 else (0.01, 5000.0)
+        set_tenant(c, tenant, quantum=quantum)
+        c.execute("UPDATE pgqueue.jobs SET cost = %s WHERE tenant_id = %s", (cost, tenant))
+    c.commit()
+
+
 def test_a_dispatch_whose_third_pair_pays_reads_about_one_pair(conn, db_dsn):
     """Found by a fresh tester: the first read of a dispatch took as many pairs as the reads
     before it had grown to (up to 62), each with its next job locked until the claim ended,
@@ -137,21 +159,7 @@ def test_a_dispatch_whose_third_pair_pays_reads_about_one_pair(conn, db_dsn):
     cannot pay (quantum 0.01, cost 5,000), then one that pays a job per turn (quantum 1, cost
     1): now the first read takes as many pairs as the tier's last run in memory took turns,
     plus one (at least two), and no run starts before a dispatch's fourth such turn."""
-    tenants = [f"t{n:03d}" for n in range(300)]
-    add_jobs(conn, [(C, t, 1.0) for t in tenants for _ in range(3)])
-    conn.execute("SELECT count(*) FROM pgqueue.claim(0, 'fold', 60)")
-    order = [
-        r[0]
-        for r in conn.execute(
-            "SELECT tenant_id FROM pgqueue.deficits WHERE tier = 'critical' "
-            'ORDER BY refill_offset, tenant_id COLLATE "C"'
-        )
-    ]
-    for i, tenant in enumerate(order):
-        quantum, cost = (1.0, 1.0) if i % 3 == 2 else (0.01, 5000.0)
-        set_tenant(conn, tenant, quantum=quantum)
-        conn.execute("UPDATE pgqueue.jobs SET cost = %s WHERE tenant_id = %s", (cost, tenant))
-    conn.commit()
+    _payers_every(conn, 3, tenants=300, jobs=3)
     with psycopg.connect(db_dsn) as claimer:
         claimed = claimer.execute("SELECT id FROM pgqueue.claim(20, 'w', 60)").fetchall()
         assert len(claimed) == 20
@@ -167,26 +175,6 @@ def test_a_dispatch_whose_third_pair_pays_reads_about_one_pair(conn, db_dsn):
     assert locked is not None and locked[0] <= 85, locked
 
 
-def _alternate(c: psycopg.Connection[Any]) -> None:
-    """One tier, 20 tenants: in round order a pair that cannot pay (quantum 0.01, cost
-    5,000), then one that pays a job per turn (quantum 1, cost 1), and so on."""
-    tenants = [f"t{n:02d}" for n in range(20)]
-    add_jobs(c, [(C, t, 1.0) for t in tenants for _ in range(10)])
-    c.execute("SELECT count(*) FROM pgqueue.claim(0, 'fold', 60)")
-    order = [
-        r[0]
-        for r in c.execute(
-            "SELECT tenant_id FROM pgqueue.deficits WHERE tier = 'critical' "
-            'ORDER BY refill_offset, tenant_id COLLATE "C"'
-        )
-    ]
-    for i, tenant in enumerate(order):
-        quantum, cost = (1.0, 1.0) if i % 2 else (0.01, 5000.0)
-        set_tenant(c, tenant, quantum=quantum)
-        c.execute("UPDATE pgqueue.jobs SET cost = %s WHERE tenant_id = %s", (cost, tenant))
-    c.commit()
-
-
 def test_where_every_second_pair_pays_no_more_statements_than_0027(db_dsn, dsn_0027):
     """Found by a second fresh tester: a run in memory from a dispatch's third turn handed a
     pair that pays back with one job buffered, where a head load buffers the jobs its credit
@@ -195,7 +183,7 @@ def test_where_every_second_pair_pays_no_more_statements_than_0027(db_dsn, dsn_0
     counts = []
     for dsn in (db_dsn, dsn_0027):
         with psycopg.connect(dsn) as c:
-            _alternate(c)
+            _payers_every(c, 2, tenants=20, jobs=10)
         ids, statements = _claim_logging_statements(dsn, 30)
         assert len(ids) == 30
         counts.append(len(statements))
