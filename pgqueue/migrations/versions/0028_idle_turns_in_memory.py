@@ -140,7 +140,7 @@ _DISPATCH_START_WINDOW = """\
                             END IF;
                         END LOOP;
                         -- the turns left before the skip, and the pair after them
-                        w_lim := least(w_size, 256, idle_limit - idle);
+                        w_lim := least(w_size, idle_limit - idle);  -- (w_size <= 256)
                         w_size := least(w_size * 2, 256);
                         w_t := '{}';
                         w_def := '{}';
