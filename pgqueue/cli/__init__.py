@@ -37,6 +37,9 @@ app = typer.Typer(
     help="pgqueue: a Postgres-native job queue for rate-limited LLM APIs.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # markdown: a docstring's paragraphs flow to the terminal's width and ``code`` shows as
+    # code (rich markup kept every line break of the source); tests/acceptance/test_cli_help.py
+    rich_markup_mode="markdown",
 )
 tenants_app = typer.Typer(help="List and configure tenants (plan, quantum, daily budget).")
 app.add_typer(tenants_app, name="tenants")
