@@ -284,6 +284,44 @@ def test_enqueue_many_drops_in_order_and_rejects_atomically(db_dsn, conn):
     assert _queued(db_dsn) == 4  # nothing of the refused batch was written
 
 
+def _admission_checks_of(conn: Conn, specs: list[pgqueue.JobSpec]) -> list[int | None]:
+    """``specs`` enqueued in one transaction, and how many times it called admission_check
+    (``pg_stat_xact_user_functions`` counts the calls of the transaction so far)."""
+    with conn.transaction():
+        conn.execute("SET LOCAL track_functions = 'pl'")
+        ids = pgqueue.enqueue_many(conn, specs)
+        row = conn.execute(
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions "
+            "WHERE schemaname = 'pgqueue' AND funcname = 'admission_check'"
+        ).fetchone()
+    return [*ids, int(row[0])]
+
+
+def test_a_batch_checks_admission_only_where_a_cap_can_refuse(db_dsn, conn):
+    """Revision 0029: no cap on any tier and none on the batch's tenants, no admission pass
+    (it called admission_check for every (tier, tenant) of the batch only to admit); a cap of
+    either kind, and the batch is checked and refused as before."""
+    conn.autocommit = True  # each _admission_checks_of is a transaction of its own
+    specs = [
+        pgqueue.JobSpec(tenant_id=t, origin="scheduled", sla_seconds=60, payload=PAYLOAD)
+        for t in ("a", "b", "a")
+    ]
+    *ids, calls = _admission_checks_of(conn, specs)
+    assert None not in ids and calls == 0
+    pgqueue.set_tenant_max_queued(conn, "b", 1)  # a cap of the tenant's own
+    with pytest.raises(pgqueue.QueueFull, match="tenant 'b'"):
+        pgqueue.enqueue_many(conn, specs)
+    *ids, calls = _admission_checks_of(conn, specs[:1])  # the capped tenant is not in it
+    assert None not in ids and calls == 0
+    _admin(db_dsn, "batch", tenant_max_queued=5)  # a cap on a tier the batch does not use
+    *ids, calls = _admission_checks_of(conn, specs[:1])
+    assert None not in ids and calls > 0
+    _admin(db_dsn, "batch", tenant_max_queued=None)
+    _admin(db_dsn, "standard", max_queued=4, policy="drop")  # 4 queued now: the tier is full
+    *ids, calls = _admission_checks_of(conn, specs[:1])
+    assert ids == [None] and calls > 0
+
+
 async def test_async_enqueue_reject_and_drop(db_dsn):
     _admin(db_dsn, "standard", max_queued=1, policy="reject")
     _admin(db_dsn, "batch", max_queued=0, policy="drop")

@@ -1,0 +1,93 @@
+"""A batch enqueue runs its admission pass only where a cap can apply.
+
+``pgqueue.try_enqueue_batch`` grouped its jobs by (tier, tenant) and called
+``pgqueue.admission_check`` for every group, twice for a tier's first group, even when no cap
+was set anywhere: each call read the tier's admission row and the tenant's row only to find
+both caps NULL and admit. For the benchmark's batch of 1,000 jobs over 10 tenants and three
+tiers that was the grouping query and 30–60 PL/pgSQL calls, ~0.8 µs of the server's ~10.7
+per job (``bench/enqueue_floor.py``, docs/bench.md).
+
+Now the pass runs only when a cap could refuse something: a tier with ``max_queued`` or
+``tenant_max_queued`` in ``pgqueue.admission``, or a tenant of the batch with its own
+``max_queued``. With neither, every ``admission_check`` of the pass would have admitted (it
+returns before reading any counter when both caps are NULL), so what a batch stores, returns
+and raises is unchanged. The caps are read in the statement's snapshot, as the checks read
+them.
+
+``try_enqueue_batch`` is revision 0015's, edited here, not copied.
+
+Revision ID: 0029
+Revises: 0028
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+from alembic import op
+
+from pgqueue.db.sqltext import function_definition, replace_anchor, revision_module
+
+revision = "0029"
+down_revision = "0028"
+branch_labels = None
+depends_on = None
+
+_WHAT = "revision 0029: try_enqueue_batch"
+_PASS_START = """\
+    -- Admission: room for all of each key's jobs, and for all of each tier's jobs.
+    FOR r IN
+"""
+_PASS_END = """\
+        IF NOT v.admitted THEN
+            fits := false;
+            EXIT;
+        END IF;
+    END LOOP;
+"""
+_GUARD = """\
+    -- Admission: room for all of each key's jobs, and for all of each tier's jobs; only where
+    -- a cap can refuse (revision 0029): with no cap on any tier and none on the batch's
+    -- tenants, every check below would admit.
+    IF EXISTS (SELECT 1 FROM pgqueue.admission a
+               WHERE a.max_queued IS NOT NULL OR a.tenant_max_queued IS NOT NULL)
+       OR EXISTS (SELECT 1 FROM pgqueue.tenants t
+                  WHERE t.tenant_id = ANY (tenant_ids) AND t.max_queued IS NOT NULL) THEN
+"""
+
+
+def _revision_0015() -> ModuleType:
+    return revision_module(Path(__file__).with_name("0015_enqueue_boundary.py"))
+
+
+def batch_before() -> str:
+    """``try_enqueue_batch`` as revision 0015 creates it."""
+    module = _revision_0015()
+    body: str = module._named_errors(function_definition(module._BATCH_SQL, "try_enqueue_batch"))
+    return body
+
+
+def batch() -> str:
+    """``try_enqueue_batch`` as this revision creates it: revision 0015's, its admission pass
+    indented under the guard.
+
+    Raises:
+        RuntimeError: revision 0015's text lacks the pass this edit was written for.
+    """
+    body = batch_before()
+    start = replace_anchor(body, _PASS_START, "\0", what=_WHAT).index("\0")
+    end = replace_anchor(body, _PASS_END, "\0", what=_WHAT).index("\0") + len(_PASS_END)
+    if end <= start:
+        raise RuntimeError(f"{_WHAT}: the admission pass ends before it starts")
+    pass_lines = body[start:end].splitlines(keepends=True)[1:]  # without its comment line
+    indented = "".join("    " + line if line.strip() else line for line in pass_lines)
+    return body[:start] + _GUARD + indented + "    END IF;\n" + body[end:]
+
+
+def upgrade() -> None:
+    op.execute(batch())
+
+
+def downgrade() -> None:
+    op.execute(batch_before())
