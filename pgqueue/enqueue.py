@@ -101,10 +101,9 @@ def _run_sync(
             result = queries.run(conn, name, params)
         except psycopg.Error as exc:
             raise _translate(exc) from exc
-        rows: list[dict[str, Any]] = result if many else [result]
-        pause = adm.step(rows, time.monotonic(), many=many)
+        pause = adm.step(_admission_rows(result, many), time.monotonic(), many=many)
         if pause is None:
-            return rows
+            return [result]
         if conn.info.transaction_status == TransactionStatus.INTRANS:
             conn.rollback()  # the transaction our statement opened; nothing else is in it
         time.sleep(pause)
@@ -127,13 +126,26 @@ async def _run_async(
             result = await queries.arun(conn, name, params)
         except psycopg.Error as exc:
             raise _translate(exc) from exc
-        rows: list[dict[str, Any]] = result if many else [result]
-        pause = adm.step(rows, time.monotonic(), many=many)
+        pause = adm.step(_admission_rows(result, many), time.monotonic(), many=many)
         if pause is None:
-            return rows
+            return [result]
         if conn.info.transaction_status == TransactionStatus.INTRANS:
             await conn.rollback()  # the transaction our statement opened; nothing else is in it
         await asyncio.sleep(pause)
+
+
+def _admission_rows(result: dict[str, Any], many: bool) -> list[dict[str, Any]]:
+    """The rows admission control reads: the one row of a single enqueue, or a batch's jobs
+    that were not enqueued (``job_try_enqueue_batch``'s ``others``)."""
+    if not many:
+        return [result]
+    others: list[dict[str, Any]] | None = result["others"]
+    return others or []
+
+
+def _batch_ids(row: Mapping[str, Any]) -> list[int | None]:
+    """A batch's ids in input order, ``None`` for a job dropped."""
+    return [None if i is None else int(i) for i in row["ids"]]
 
 
 def _sync_conn(target: SyncTarget) -> psycopg.Connection[Any]:
@@ -356,7 +368,7 @@ def enqueue_many(
         timeout,
         many=True,
     )
-    return [_id(r) for r in rows]
+    return _batch_ids(rows[0])
 
 
 async def _empty_async() -> list[int | None]:
@@ -369,4 +381,4 @@ async def _enqueue_many_async(
     rows = await _run_async(
         conn, "job_try_enqueue_batch", params, tenants, block_seconds, many=True
     )
-    return [_id(r) for r in rows]
+    return _batch_ids(rows[0])

@@ -3,6 +3,7 @@ caller's transaction kept usable, critical never dropped, and exact queued count
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -282,6 +283,41 @@ def test_enqueue_many_drops_in_order_and_rejects_atomically(db_dsn, conn):
     with pytest.raises(pgqueue.QueueFull, match="job 2: queue full: tier batch"):
         pgqueue.enqueue_many(conn, batch)
     assert _queued(db_dsn) == 4  # nothing of the refused batch was written
+
+
+def test_a_batch_blocks_for_room_and_its_drops_are_counted(db_dsn):
+    """A batch's result is one row (ids, and the jobs not enqueued): a blocked batch waits and
+    then returns every id in input order; a dropped job is None at its place, counted once
+    per job with its scope, sync and async alike."""
+    _admin(db_dsn, "standard", max_queued=2, policy="block")
+    specs = [
+        pgqueue.JobSpec(tenant_id=t, origin="scheduled", sla_seconds=60, payload=PAYLOAD)
+        for t in ("a", "b")
+    ]
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        _std(conn)
+        thread = _free_one_later(db_dsn, 0.3)
+        ids = pgqueue.enqueue_many(conn, specs, block_timeout_seconds=10)
+        thread.join()
+    assert len(ids) == 2 and None not in ids and ids[0] < ids[1]
+    _admin(db_dsn, "critical", tenant_max_queued=1, policy="reject")
+    _admin(db_dsn, "standard", tenant_max_queued=1, policy="drop")
+    mixed = [
+        pgqueue.JobSpec(tenant_id="c", origin="scheduled", sla_seconds=60, payload=PAYLOAD),
+        pgqueue.JobSpec(tenant_id="a", origin="scheduled", sla_seconds=60, payload=PAYLOAD),
+        pgqueue.JobSpec(tenant_id="c", origin="user_action", payload=PAYLOAD),
+        pgqueue.JobSpec(tenant_id="d", origin="scheduled", sla_seconds=60, payload=PAYLOAD),
+    ]
+    dropped = metrics.ADMISSION_DROPPED.labels("standard", "tenant")
+    before = dropped._value.get()
+
+    async def run_async() -> list[int | None]:
+        async with await psycopg.AsyncConnection.connect(db_dsn, autocommit=True) as aconn:
+            return await pgqueue.enqueue_many(aconn, mixed)
+
+    got = asyncio.run(run_async())
+    assert [i is not None for i in got] == [True, False, True, True]
+    assert dropped._value.get() == before + 1
 
 
 def _admission_checks_of(conn: Conn, specs: list[pgqueue.JobSpec]) -> list[int | None]:

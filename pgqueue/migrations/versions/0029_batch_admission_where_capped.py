@@ -1,4 +1,5 @@
-"""A batch enqueue runs its admission pass only where a cap can apply.
+"""A batch enqueue runs its admission pass only where a cap can apply, and looks up each of
+its tenants once.
 
 ``pgqueue.try_enqueue_batch`` grouped its jobs by (tier, tenant) and called
 ``pgqueue.admission_check`` for every group, twice for a tier's first group, even when no cap
@@ -13,6 +14,11 @@ Now the pass runs only when a cap could refuse something: a tier with ``max_queu
 returns before reading any counter when both caps are NULL), so what a batch stores, returns
 and raises is unchanged. The caps are read in the statement's snapshot, as the checks read
 them.
+
+Its check for tenants not yet registered probed ``tenants_pkey`` once per job and only then
+took the distinct tenants (1,000 probes for a batch of 10 tenants; with 200,000 tenants
+registered, 1.3 ms of a batch); it now takes the distinct tenants first and probes each once
+(0.55 ms). The same tenants are registered, in the same order.
 
 ``try_enqueue_batch`` is revision 0015's, edited here, not copied.
 
@@ -46,6 +52,20 @@ _PASS_END = """\
         END IF;
     END LOOP;
 """
+_UNKNOWN = """\
+    PERFORM pgqueue.ensure_tenant(d.tenant_id)
+    FROM (SELECT DISTINCT u.tenant_id FROM unnest(tenant_ids) AS u(tenant_id)
+          WHERE NOT EXISTS (SELECT 1 FROM pgqueue.tenants known
+                            WHERE known.tenant_id = u.tenant_id)) d
+    ORDER BY d.tenant_id COLLATE "C";
+"""
+_UNKNOWN_ONCE = """\
+    -- (each distinct tenant probed once: revision 0029)
+    PERFORM pgqueue.ensure_tenant(d.tenant_id)
+    FROM (SELECT DISTINCT u.tenant_id FROM unnest(tenant_ids) AS u(tenant_id)) d
+    WHERE NOT EXISTS (SELECT 1 FROM pgqueue.tenants known WHERE known.tenant_id = d.tenant_id)
+    ORDER BY d.tenant_id COLLATE "C";
+"""
 _GUARD = """\
     -- Admission: room for all of each key's jobs, and for all of each tier's jobs; only where
     -- a cap can refuse (revision 0029): with no cap on any tier and none on the batch's
@@ -70,12 +90,12 @@ def batch_before() -> str:
 
 def batch() -> str:
     """``try_enqueue_batch`` as this revision creates it: revision 0015's, its admission pass
-    indented under the guard.
+    indented under the guard, its tenants probed once each.
 
     Raises:
         RuntimeError: revision 0015's text lacks the pass this edit was written for.
     """
-    body = batch_before()
+    body = replace_anchor(batch_before(), _UNKNOWN, _UNKNOWN_ONCE, what=_WHAT)
     start = replace_anchor(body, _PASS_START, "\0", what=_WHAT).index("\0")
     end = replace_anchor(body, _PASS_END, "\0", what=_WHAT).index("\0") + len(_PASS_END)
     if end <= start:

@@ -17,8 +17,16 @@ FROM pgqueue.try_enqueue(
     dedupe_key => %(dedupe_key)s
 ) AS t
 
--- name: job_try_enqueue_batch :many
-SELECT t.ord, t.id, t.outcome, t.tier::text AS tier, t.policy, t.scope, t.depth, t.cap
+-- name: job_try_enqueue_batch :one
+-- One row: the ids in input order (NULL for a job dropped), and the jobs not enqueued
+-- (outcome 'dropped' or 'full', with what admission control said) as a JSON array, NULL when
+-- every job was enqueued. A row per job cost the client ~0.8 us per job to read (eight
+-- columns, 1,000 dict rows), one int8 array ~0.1.
+SELECT array_agg(t.id ORDER BY t.ord) AS ids,
+       jsonb_agg(jsonb_build_object('ord', t.ord, 'id', t.id, 'outcome', t.outcome,
+                                    'tier', t.tier::text, 'policy', t.policy,
+                                    'scope', t.scope, 'depth', t.depth, 'cap', t.cap)
+                 ORDER BY t.ord) FILTER (WHERE t.outcome <> 'enqueued') AS others
 FROM pgqueue.try_enqueue_batch(
     tenant_ids => %(tenant_ids)b::text[],
     origins => %(origins)b::text[],
@@ -26,4 +34,3 @@ FROM pgqueue.try_enqueue_batch(
     sla_seconds => %(sla_seconds)b::double precision[],
     kinds => %(kinds)b::text[]
 ) AS t
-ORDER BY t.ord
