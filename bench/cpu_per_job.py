@@ -17,23 +17,39 @@ How it measures, for each system and drain:
   when every job is done. The fill is outside it; autovacuum, the checkpointer and any other
   database's sessions are inside it: run it on a server nothing else uses.
 
+``pgqueue-floor`` is pgqueue with the scheduler's decisions taken out
+(``bench/claim_floor.sql`` replaces ``pgqueue.drr_dispatch`` in that system's scratch
+databases only): the same worker, lock, rate limiter, jobs table, triggers, counters and
+completion, the oldest due jobs taken as a plain queue takes them. Its drain prices everything
+but DRR and the tier pick.
+
 Systems alternate (the order reversed every other repeat). Linux only.
 
     python bench/cpu_per_job.py --dsn postgresql://root@127.0.0.1/postgres \\
-        --systems pgqueue,pgqueuer,plain --procs 1 --jobs 20000 --repeats 2
+        --systems pgqueue,pgqueue-floor,pgqueuer,plain --procs 1 --jobs 20000 --repeats 2
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
+import statistics
+from pathlib import Path
 from typing import Any
+
+import psycopg
 
 from pgqueue.bench import measure
 from pgqueue.bench.common import BenchOptions, Scratch
 
 _TICKS = os.sysconf("SC_CLK_TCK")
+# pgqueue with pgqueue.drr_dispatch replaced, in that system's scratch databases only
+_VARIANTS = {
+    "pgqueue-floor": Path(__file__).with_name("claim_floor.sql"),
+    "pgqueue-one-statement": Path(__file__).with_name("claim_one_statement.sql"),
+}
 _STARTUP_JOBS = 20
 
 
@@ -86,8 +102,13 @@ def drain(scratch: Scratch, system: str, procs: int, jobs: int) -> tuple[float, 
     """One drain of ``jobs`` no-op jobs: (jobs/s, worker CPU seconds, Postgres CPU seconds)."""
     options = BenchOptions(jobs=jobs, peer="pgqueuer")
     with scratch.clone() as dsn:
+        if system in _VARIANTS:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(_VARIANTS[system].read_text())
         workers_before = children_cpu_seconds()
-        result = measure.consume_once(dsn, system, procs, options)
+        result = measure.consume_once(
+            dsn, "pgqueue" if system in _VARIANTS else system, procs, options
+        )
         postgres_after = postgres_cpu_seconds()
         workers_after = children_cpu_seconds()
     return (
@@ -101,29 +122,68 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", required=True, help="server DSN (scratch databases go there)")
     parser.add_argument("--systems", default="pgqueue,pgqueuer,plain")
-    parser.add_argument("--procs", type=int, default=1)
+    parser.add_argument("--procs", default="1", help="worker processes, e.g. 1,2,4")
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--json-out", default=None, help="write every drain's figures here")
     args = parser.parse_args(argv)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    procs_list = [int(p) for p in args.procs.split(",") if p.strip()]
     _watch_the_fill()
     scratch = Scratch(args.dsn, "pgqueuer" if "pgqueuer" in systems else None)
     scratch.create_template()
+    rows: list[dict[str, Any]] = []
     try:
-        startup = {s: drain(scratch, s, args.procs, _STARTUP_JOBS)[1] for s in systems}
-        for repeat in range(args.repeats):
-            for system in systems if repeat % 2 == 0 else systems[::-1]:
-                rate, worker, postgres = drain(scratch, system, args.procs, args.jobs)
-                per_job_worker = (worker - startup[system]) / (args.jobs - _STARTUP_JOBS)
-                print(
-                    f"{system:9s} procs={args.procs} {rate:8,.0f} jobs/s  "
-                    f"worker {per_job_worker * 1e6:6.1f} us/job  "
-                    f"postgres {postgres / args.jobs * 1e6:6.1f} us/job",
-                    flush=True,
-                )
+        for procs in procs_list:
+            startup = {s: drain(scratch, s, procs, _STARTUP_JOBS)[1] for s in systems}
+            for repeat in range(args.repeats):
+                for system in systems if repeat % 2 == 0 else systems[::-1]:
+                    rate, worker, postgres = drain(scratch, system, procs, args.jobs)
+                    per_job_worker = (worker - startup[system]) / (args.jobs - _STARTUP_JOBS)
+                    row = {
+                        "system": system,
+                        "procs": procs,
+                        "repeat": repeat,
+                        "jobs_per_s": round(rate, 1),
+                        "worker_us_per_job": round(per_job_worker * 1e6, 1),
+                        "postgres_us_per_job": round(postgres / args.jobs * 1e6, 1),
+                    }
+                    rows.append(row)
+                    print(
+                        f"{system:21s} procs={procs} {rate:8,.0f} jobs/s  "
+                        f"worker {row['worker_us_per_job']:6.1f} us/job  "
+                        f"postgres {row['postgres_us_per_job']:6.1f} us/job",
+                        flush=True,
+                    )
     finally:
         scratch.close()
+    _summary(rows)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"jobs": args.jobs, "repeats": args.repeats, "drains": rows}, f, indent=1)
     return 0
+
+
+def _summary(rows: list[dict[str, Any]]) -> None:
+    """Medians per system and process count, and each against pgqueuer's when it ran."""
+    keys = sorted({(r["procs"], r["system"]) for r in rows})
+    peer = {
+        p: statistics.median(
+            r["jobs_per_s"] for r in rows if r["procs"] == p and r["system"] == "pgqueuer"
+        )
+        for p, s in keys
+        if s == "pgqueuer"
+    }
+    print("medians:")
+    for procs, system in keys:
+        mine = [r for r in rows if r["procs"] == procs and r["system"] == system]
+        rate = statistics.median(r["jobs_per_s"] for r in mine)
+        ratio = f"{rate / peer[procs]:5.2f}x pgqueuer" if procs in peer else ""
+        print(
+            f"  {system:21s} procs={procs} {rate:8,.0f} jobs/s  {ratio}  "
+            f"worker {statistics.median(r['worker_us_per_job'] for r in mine):6.1f}  "
+            f"postgres {statistics.median(r['postgres_us_per_job'] for r in mine):6.1f} us/job"
+        )
 
 
 if __name__ == "__main__":
