@@ -19,6 +19,7 @@ caller has no transaction open, since waiting would hold its locks
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from datetime import datetime
@@ -139,13 +140,21 @@ def _admission_rows(result: dict[str, Any], many: bool) -> list[dict[str, Any]]:
     that were not enqueued (``job_try_enqueue_batch``'s ``others``)."""
     if not many:
         return [result]
-    others: list[dict[str, Any]] | None = result["others"]
-    return others or []
+    others: str | None = result["others"]  # JSON text: see the query
+    return [] if others is None else list(json.loads(others))
 
 
-def _batch_ids(row: Mapping[str, Any]) -> list[int | None]:
-    """A batch's ids in input order, ``None`` for a job dropped."""
-    return [None if i is None else int(i) for i in row["ids"]]
+def _batch_ids(row: Mapping[str, Any], jobs: int) -> list[int | None]:
+    """A batch's ids in input order, ``None`` for a job dropped.
+
+    Raises:
+        RuntimeError: the database returned another number of ids than jobs sent (the schema
+            is not the one this pgqueue expects).
+    """
+    ids = [None if i is None else int(i) for i in row["ids"] or ()]
+    if len(ids) != jobs:
+        raise RuntimeError(f"enqueue_many: {len(ids)} ids returned for {jobs} jobs")
+    return ids
 
 
 def _sync_conn(target: SyncTarget) -> psycopg.Connection[Any]:
@@ -368,7 +377,7 @@ def enqueue_many(
         timeout,
         many=True,
     )
-    return _batch_ids(rows[0])
+    return _batch_ids(rows[0], len(tenants))
 
 
 async def _empty_async() -> list[int | None]:
@@ -381,4 +390,4 @@ async def _enqueue_many_async(
     rows = await _run_async(
         conn, "job_try_enqueue_batch", params, tenants, block_seconds, many=True
     )
-    return _batch_ids(rows[0])
+    return _batch_ids(rows[0], len(tenants))

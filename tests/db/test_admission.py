@@ -320,6 +320,50 @@ def test_a_batch_blocks_for_room_and_its_drops_are_counted(db_dsn):
     assert dropped._value.get() == before + 1
 
 
+def test_a_batch_does_not_depend_on_how_the_caller_loads_jsonb(db_dsn):
+    """The batch's jobs not enqueued come back as JSON; read as jsonb, they went through the
+    caller's own adapters, and a connection that loads jsonb as text (or an SQLAlchemy engine
+    with its own json_deserializer) got a TypeError after the admitted jobs were inserted
+    (found by a fresh tester)."""
+    from psycopg.types.string import TextLoader
+
+    _admin(db_dsn, "standard", tenant_max_queued=1, policy="drop")
+    specs = [
+        pgqueue.JobSpec(tenant_id="b", origin="scheduled", sla_seconds=60, payload=PAYLOAD)
+        for _ in range(2)
+    ]
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.adapters.register_loader("jsonb", TextLoader)
+        ids = pgqueue.enqueue_many(conn, specs)
+        assert ids[0] is not None and ids[1] is None
+        _admin(db_dsn, "standard", tenant_max_queued=1, policy="reject")
+        with pytest.raises(pgqueue.QueueFull, match="job 0: queue full: tenant 'b'"):
+            pgqueue.enqueue_many(conn, specs)
+    assert _queued(db_dsn) == 1
+
+
+def test_admission_keeps_a_row_per_tier(db_dsn, conn):
+    """Revision 0029: a tier without its admission row lost its jobs from a batch's result
+    (three stored, two ids returned, misplaced; found by a fresh tester). DELETE and TRUNCATE
+    are refused; the caps are lifted by setting them to NULL."""
+    conn.autocommit = True
+    for statement in (
+        "DELETE FROM pgqueue.admission WHERE tier = 'batch'",
+        "TRUNCATE pgqueue.admission",
+    ):
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(statement)
+        assert info.value.sqlstate == "PQ009"
+    tiers = conn.execute("SELECT a.tier::text FROM pgqueue.admission a ORDER BY a.tier").fetchall()
+    assert [t for (t,) in tiers] == ["critical", "standard", "batch"]
+    specs = [
+        pgqueue.JobSpec(tenant_id="a", origin=o, payload=PAYLOAD)
+        for o in ("batch_job", "user_action", "batch_job")
+    ]
+    ids = pgqueue.enqueue_many(conn, specs)
+    assert None not in ids and ids == sorted(ids)
+
+
 def _admission_checks_of(conn: Conn, specs: list[pgqueue.JobSpec]) -> list[int | None]:
     """``specs`` enqueued in one transaction, and how many times it called admission_check
     (``pg_stat_xact_user_functions`` counts the calls of the transaction so far)."""

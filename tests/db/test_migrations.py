@@ -95,3 +95,17 @@ def test_enqueue_against_an_older_schema_names_the_command(db_dsn):
     ):
         pgqueue.enqueue_many(conn, [pgqueue.JobSpec("a", "batch_job", payload)])
     migrate.upgrade(db_dsn)
+
+
+def test_an_admission_row_deleted_before_revision_0029_is_put_back(db_dsn):
+    """Revision 0029 restores a tier's missing admission row (no caps, policy reject)."""
+    migrate.downgrade(db_dsn, "0028")
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM pgqueue.admission WHERE tier = 'standard'")
+    migrate.upgrade(db_dsn)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT max_queued, tenant_max_queued, policy FROM pgqueue.admission "
+            "WHERE tier = 'standard'"
+        ).fetchone()
+    assert row == (None, None, "reject")

@@ -20,6 +20,13 @@ took the distinct tenants (1,000 probes for a batch of 10 tenants; with 200,000 
 registered, 1.3 ms of a batch); it now takes the distinct tenants first and probes each once
 (0.55 ms). The same tenants are registered, in the same order.
 
+``pgqueue.admission`` keeps its row per tier. A tier without one was admitted by the single
+enqueue (a missing row reads as no cap) but lost by the batch paths, which join the row to
+their jobs: a batch of three returned two ids, misplaced, while it stored three (found by a
+fresh tester; older than this revision). A missing row is put back (no caps, policy reject),
+and ``DELETE`` and ``TRUNCATE`` of the table are refused (PQ009): set a tier's caps to NULL
+to lift them (``pgqueue admission set``).
+
 ``try_enqueue_batch`` is revision 0015's, edited here, not copied.
 
 Revision ID: 0029
@@ -77,6 +84,39 @@ _GUARD = """\
 """
 
 
+_ROWS_BACK = """
+INSERT INTO pgqueue.admission (tier)
+SELECT t.tier FROM unnest(enum_range(NULL::pgqueue.tier)) AS t(tier)
+ON CONFLICT (tier) DO NOTHING
+"""
+_KEEP_ROWS = [
+    """
+CREATE FUNCTION pgqueue.admission_keep_rows()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    RAISE EXCEPTION 'pgqueue.admission keeps one row per tier: set its caps to NULL instead '
+                    '(pgqueue admission set)' USING ERRCODE = 'PQ009';
+END
+$$
+""",
+    """
+CREATE TRIGGER admission_keep_rows BEFORE DELETE ON pgqueue.admission
+    FOR EACH ROW EXECUTE FUNCTION pgqueue.admission_keep_rows()
+""",
+    """
+CREATE TRIGGER admission_keep_rows_truncate BEFORE TRUNCATE ON pgqueue.admission
+    FOR EACH STATEMENT EXECUTE FUNCTION pgqueue.admission_keep_rows()
+""",
+]
+_DROP_KEEP_ROWS = [
+    "DROP TRIGGER IF EXISTS admission_keep_rows_truncate ON pgqueue.admission",
+    "DROP TRIGGER IF EXISTS admission_keep_rows ON pgqueue.admission",
+    "DROP FUNCTION IF EXISTS pgqueue.admission_keep_rows()",
+]
+
+
 def _revision_0015() -> ModuleType:
     return revision_module(Path(__file__).with_name("0015_enqueue_boundary.py"))
 
@@ -107,7 +147,12 @@ def batch() -> str:
 
 def upgrade() -> None:
     op.execute(batch())
+    op.execute(_ROWS_BACK)
+    for statement in _KEEP_ROWS:
+        op.execute(statement)
 
 
 def downgrade() -> None:
+    for statement in _DROP_KEEP_ROWS:
+        op.execute(statement)
     op.execute(batch_before())

@@ -21,12 +21,13 @@ FROM pgqueue.try_enqueue(
 -- One row: the ids in input order (NULL for a job dropped), and the jobs not enqueued
 -- (outcome 'dropped' or 'full', with what admission control said) as a JSON array, NULL when
 -- every job was enqueued. A row per job cost the client ~0.8 us per job to read (eight
--- columns, 1,000 dict rows), one int8 array ~0.1.
+-- columns, 1,000 dict rows), one int8 array ~0.1. `others` goes as text, parsed by pgqueue:
+-- the caller's connection may load jsonb its own way (as text, or into its own objects).
 SELECT array_agg(t.id ORDER BY t.ord) AS ids,
-       jsonb_agg(jsonb_build_object('ord', t.ord, 'id', t.id, 'outcome', t.outcome,
-                                    'tier', t.tier::text, 'policy', t.policy,
-                                    'scope', t.scope, 'depth', t.depth, 'cap', t.cap)
-                 ORDER BY t.ord) FILTER (WHERE t.outcome <> 'enqueued') AS others
+       (jsonb_agg(jsonb_build_object('ord', t.ord, 'id', t.id, 'outcome', t.outcome,
+                                     'tier', t.tier::text, 'policy', t.policy,
+                                     'scope', t.scope, 'depth', t.depth, 'cap', t.cap)
+                  ORDER BY t.ord) FILTER (WHERE t.outcome <> 'enqueued'))::text AS others
 FROM pgqueue.try_enqueue_batch(
     tenant_ids => %(tenant_ids)b::text[],
     origins => %(origins)b::text[],
