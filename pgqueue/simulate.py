@@ -364,14 +364,17 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise InvalidArgument("--plot needs matplotlib: pip install 'pgqueue[plot]'") from None
+        raise InvalidArgument(
+            "--plot needs matplotlib: the plot extra (pip install -e '.[plot]' in the pgqueue "
+            "checkout)"
+        ) from None
 
 
 def plot(results: Sequence[ScenarioResult], path: str, bound_ms: float) -> None:
     """Bar chart of urgent p95 per scenario (log scale) with the 3 × service bound.
 
     Raises:
-        InvalidArgument: matplotlib is not installed (``pip install 'pgqueue[plot]'``).
+        InvalidArgument: matplotlib is not installed (the ``plot`` extra).
     """
     require_matplotlib()
     import matplotlib

@@ -156,7 +156,8 @@ class BenchOptions:
             raise InvalidArgument(f"--peer must be one of {', '.join(PEERS)}, got {self.peer!r}")
         if self.peer == "pgqueuer" and not pgqueuer_available():
             raise InvalidArgument(
-                "--peer pgqueuer needs pgqueuer installed: pip install 'pgqueue[bench]'"
+                "--peer pgqueuer needs pgqueuer installed: the bench extra (pip install -e "
+                "'.[bench]' in the pgqueue checkout)"
             )
 
 

@@ -50,7 +50,10 @@ def bench(
     wake_samples: Annotated[int, typer.Option(help="Idle wake-up samples, 1 to 2^31-1.")] = 200,
     peer: Annotated[
         str | None,
-        typer.Option(help="Also measure a peer: pgqueuer (pip install 'pgqueue\\[bench]')."),
+        typer.Option(
+            help="Also measure a peer: pgqueuer (the bench extra: pip install -e '.\\[bench]' "
+            "in the pgqueue checkout)."
+        ),
     ] = None,
     peer_batch: Annotated[
         int, typer.Option(help=f"The peer's dequeue batch size, 1 to {MAX_CONCURRENCY}.")
@@ -132,7 +135,8 @@ def bench(
             err_console.print(f"wrote {plot}", markup=False)
         else:
             err_console.print(
-                "matplotlib is not installed (pip install 'pgqueue[bench]'); no chart",
+                "matplotlib is not installed (the bench extra: pip install -e '.[bench]' in the "
+                "pgqueue checkout); no chart",
                 markup=False,
             )
 

@@ -169,7 +169,7 @@ def cancel(
         str | None, typer.Option(help="With --all-queued: only this tier's jobs (any case).")
     ] = None,
     reason: Annotated[
-        str | None, typer.Option(help="Stored in last_error as `cancelled: <reason>`.")
+        str | None, typer.Option(help="Stored in last_error as 'cancelled: \\<reason>'.")
     ] = None,
     dsn: DsnOption = None,
 ) -> None:

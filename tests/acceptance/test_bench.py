@@ -103,7 +103,7 @@ def test_help_shows_the_install_extra() -> None:
     """Rich markup ate ``[bench]`` from the help: it told users to ``pip install 'pgqueue'``."""
     result = runner.invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
-    assert "pip install 'pgqueue[bench]'" in result.output
+    assert "pip install -e '.[bench]'" in result.output
 
 
 def test_workers_do_not_inherit_the_callers_pgqueue_settings(
