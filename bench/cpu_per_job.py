@@ -11,11 +11,14 @@ How it measures, for each system and drain:
   process's reaped children (``RUSAGE_CHILDREN``) before and after the drain. Their start-up
   (imports, connections, schema check) is taken out with a drain of 20 jobs per system, run
   first: (CPU of the drain − CPU of the 20-job drain) / jobs.
-- **Postgres:** utime + stime of every process named ``postgres`` plus the cutime + cstime of
-  the ones that reaped children (the postmaster accounts for the backends that exited), from
-  ``/proc/<pid>/stat`` (fields 14–17, clock ticks), read when the fill has committed and again
-  when every job is done. The fill is outside it; autovacuum, the checkpointer and any other
-  database's sessions are inside it: run it on a server nothing else uses.
+- **Postgres:** utime + stime of the server's postmaster and of its children (found as the
+  parent of one of our backends, so another cluster on the host is not counted) plus the
+  cutime + cstime of the ones that reaped children (the postmaster accounts for the backends
+  that exited), from ``/proc/<pid>/stat`` (fields 14–17, clock ticks), read when the fill has
+  committed and again when every job is done. The fill is outside it; autovacuum, the
+  checkpointer and any other database's sessions are inside it: run it on a server nothing
+  else uses. A drain during which other databases committed says so (``other_commits``;
+  ``pg_stat_database`` lags by up to a second).
 
 ``pgqueue-floor`` is pgqueue with the scheduler's decisions taken out
 (``bench/claim_floor.sql`` replaces ``pgqueue.drr_dispatch`` in that system's scratch
@@ -53,22 +56,59 @@ _VARIANTS = {
 _STARTUP_JOBS = 20
 
 
+_server: dict[str, int] = {}
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (field 3 first), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:  # gone meanwhile
+        return None
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def find_server(dsn: str) -> int:
+    """The pid of the postmaster serving ``dsn``: the parent of a backend of ours. Only its
+    processes are counted, not another cluster's on the same host (the embedded test
+    server) — found by a reviewer."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    fields = _stat_fields(int(row[0]))
+    assert fields is not None
+    return int(fields[1])  # field 4: ppid
+
+
 def postgres_cpu_seconds() -> float:
-    """CPU seconds of every ``postgres`` process and of the backends they reaped."""
+    """CPU seconds of the postmaster found by :func:`find_server`, of its live children (the
+    backends and background processes) and of the children it reaped (``cutime``,
+    ``cstime``: backends that exited), from ``/proc/<pid>/stat`` (fields 14–17)."""
+    postmaster = _server["pid"]
     ticks = 0
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-        except OSError:  # gone meanwhile
+        fields = _stat_fields(pid)
+        if fields is None or (int(pid) != postmaster and int(fields[1]) != postmaster):
             continue
-        if stat[stat.index("(") + 1 : stat.rindex(")")] != "postgres":
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
         ticks += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
     return ticks / _TICKS
+
+
+def other_commits(dsn: str, scratch_prefix: str) -> int:
+    """Commits counted in the server's other databases (not ours, not ``postgres``, where
+    the scratch databases are made): work that a drain's Postgres CPU would include."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT coalesce(sum(xact_commit), 0)::bigint FROM pg_stat_database "
+            "WHERE datname IS NOT NULL AND NOT starts_with(datname, %s) "
+            "AND datname <> 'postgres'",
+            (scratch_prefix,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def children_cpu_seconds() -> float:
@@ -98,9 +138,11 @@ def _watch_the_fill() -> None:
     measure._fill_pgqueuer_async = asynchronous
 
 
-def drain(scratch: Scratch, system: str, procs: int, jobs: int) -> tuple[float, float, float]:
-    """One drain of ``jobs`` no-op jobs: (jobs/s, worker CPU seconds, Postgres CPU seconds)."""
+def drain(scratch: Scratch, system: str, procs: int, jobs: int) -> tuple[float, float, float, int]:
+    """One drain of ``jobs`` no-op jobs: (jobs/s, worker CPU seconds, Postgres CPU seconds,
+    commits meanwhile in the server's other databases)."""
     options = BenchOptions(jobs=jobs, peer="pgqueuer")
+    others_before = other_commits(scratch.server_dsn, scratch.prefix)
     with scratch.clone() as dsn:
         if system in _VARIANTS:
             with psycopg.connect(dsn, autocommit=True) as conn:
@@ -115,6 +157,7 @@ def drain(scratch: Scratch, system: str, procs: int, jobs: int) -> tuple[float, 
         float(result["jobs_per_s"]),
         workers_after - workers_before,
         postgres_after - _after_fill["postgres"],
+        other_commits(scratch.server_dsn, scratch.prefix) - others_before,
     )
 
 
@@ -130,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     procs_list = [int(p) for p in args.procs.split(",") if p.strip()]
     _watch_the_fill()
+    _server["pid"] = find_server(args.dsn)
     scratch = Scratch(args.dsn, "pgqueuer" if "pgqueuer" in systems else None)
     scratch.create_template()
     rows: list[dict[str, Any]] = []
@@ -138,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             startup = {s: drain(scratch, s, procs, _STARTUP_JOBS)[1] for s in systems}
             for repeat in range(args.repeats):
                 for system in systems if repeat % 2 == 0 else systems[::-1]:
-                    rate, worker, postgres = drain(scratch, system, procs, args.jobs)
+                    rate, worker, postgres, others = drain(scratch, system, procs, args.jobs)
                     per_job_worker = (worker - startup[system]) / (args.jobs - _STARTUP_JOBS)
                     row = {
                         "system": system,
@@ -147,12 +191,14 @@ def main(argv: list[str] | None = None) -> int:
                         "jobs_per_s": round(rate, 1),
                         "worker_us_per_job": round(per_job_worker * 1e6, 1),
                         "postgres_us_per_job": round(postgres / args.jobs * 1e6, 1),
+                        "other_commits": others,
                     }
                     rows.append(row)
                     print(
                         f"{system:21s} procs={procs} {rate:8,.0f} jobs/s  "
                         f"worker {row['worker_us_per_job']:6.1f} us/job  "
-                        f"postgres {row['postgres_us_per_job']:6.1f} us/job",
+                        f"postgres {row['postgres_us_per_job']:6.1f} us/job"
+                        + (f"  (other databases: {others} commits)" if others else ""),
                         flush=True,
                     )
     finally:

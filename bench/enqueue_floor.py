@@ -18,8 +18,10 @@ autocommit on the same scratch database, the benchmark's jobs (payload, tenants 
 
 Systems alternate within each round (the order rotates every round); each sample is
 ``--calls`` jobs on one connection after a warm-up. Figures: jobs per second (medians) and
-the backend's CPU per job (``/proc/<pid>/stat`` of the connection's server process, Linux
-only; pgqueuer's connection is found by its ``application_name``).
+the backend's CPU per job (``/proc/<pid>/schedstat`` of the connection's server process, in
+nanoseconds; Linux only). The insert floors write the same column values as pgqueue
+(model, token estimate, max_tokens, cost computed by this script), so they price the rows
+without the server's estimate.
 
     python bench/enqueue_floor.py --dsn postgresql://root@127.0.0.1/postgres --rounds 7
     python bench/enqueue_floor.py --dsn ... --calls 20000 --batch 1000 --rounds 7
@@ -30,7 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -50,36 +52,53 @@ from pgqueue.bench.common import (
     _job,
 )
 
-_TICKS = os.sysconf("SC_CLK_TCK")
-_PEER_APP = "pgqueue-enqueue-floor-peer"
-
-# The row pgqueue.try_enqueue writes for the benchmark's job (a pgqueue.noop kind: no model,
-# no token estimate), its tier computed as the function would from origin and SLA.
+# The rows pgqueue.try_enqueue writes for the benchmark's jobs, tier and all, with the values
+# that depend on the payload (model, token estimate, max_tokens, cost) computed here by
+# estimate() rather than by the server: the floors price the row, not the estimate.
 _INSERT = """
-INSERT INTO pgqueue.jobs (tenant_id, kind, origin, sla_seconds, priority, payload, cost)
+INSERT INTO pgqueue.jobs (tenant_id, kind, origin, sla_seconds, priority, payload, model,
+                          est_input_tokens, max_output_tokens, cost)
 VALUES (%(tenant_id)s, %(kind)s, %(origin)s::pgqueue.origin, %(sla_seconds)s::float8,
         CASE WHEN %(origin)s::pgqueue.origin = 'user_action' THEN 'critical'
              WHEN %(sla_seconds)s::float8 IS NULL OR %(sla_seconds)s::float8 >= 86400
                   THEN 'batch' ELSE 'standard' END::pgqueue.tier,
-        %(payload)s, 1)
+        %(payload)s, %(model)s, %(est)s, %(max_tokens)s, %(cost)s)
 """
 _INSERT_MANY = """
-INSERT INTO pgqueue.jobs (tenant_id, kind, origin, sla_seconds, priority, payload, cost)
-SELECT i.tenant_id, 'pgqueue.noop', i.origin::pgqueue.origin, i.sla,
+INSERT INTO pgqueue.jobs (tenant_id, kind, origin, sla_seconds, priority, payload, model,
+                          est_input_tokens, max_output_tokens, cost)
+SELECT i.tenant_id, i.kind, i.origin::pgqueue.origin, i.sla,
        CASE WHEN i.origin = 'user_action' THEN 'critical'
             WHEN i.sla IS NULL OR i.sla >= 86400 THEN 'batch' ELSE 'standard' END::pgqueue.tier,
-       i.payload, 1
+       i.payload, i.model, i.est, i.max_tokens, i.cost
 FROM ROWS FROM (unnest(%b::text[]), unnest(%b::text[]), jsonb_array_elements(%s::jsonb),
-                unnest(%b::float8[])) AS i(tenant_id, origin, payload, sla)
+                unnest(%b::float8[]), unnest(%b::text[]), unnest(%b::text[]),
+                unnest(%b::int4[]), unnest(%b::int4[]), unnest(%b::float8[]))
+     AS i(tenant_id, origin, payload, sla, kind, model, est, max_tokens, cost)
 """
+
+
+def estimate(payload: dict[str, Any]) -> dict[str, Any]:
+    """The payload-derived columns pgqueue stores for a Messages payload whose message
+    contents are strings (the benchmark's): model, estimated input tokens (ceil(characters /
+    4), revision 0001's rule), max_tokens and the cost (max(1, tokens / 1000))."""
+    chars = len(payload.get("system") or "") + sum(
+        len(m["content"]) for m in payload["messages"] if isinstance(m.get("content"), str)
+    )
+    est = math.ceil(chars / 4)
+    return {
+        "model": payload["model"],
+        "est": est,
+        "max_tokens": int(payload["max_tokens"]),
+        "cost": max(1.0, est / 1000),
+    }
 
 
 def backend_cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) of one server process, from ``/proc/<pid>/stat``."""
-    with open(f"/proc/{pid}/stat") as f:
-        stat = f.read()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    """CPU seconds of one server process, from ``/proc/<pid>/schedstat`` (its first field:
+    nanoseconds on a CPU; ``/proc/<pid>/stat`` counts 10 ms ticks, too coarse here)."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
 
 
 def _psycopg_sample(
@@ -112,10 +131,12 @@ def _enqueue_many(conn: psycopg.Connection[Any], specs: list[pgqueue.JobSpec]) -
 
 
 def _insert(conn: psycopg.Connection[Any], job: dict[str, Any]) -> None:
-    conn.execute(_INSERT, {**job, "payload": Jsonb(job["payload"])}, prepare=True)
+    row = {**job, **estimate(job["payload"]), "payload": Jsonb(job["payload"])}
+    conn.execute(_INSERT, row, prepare=True)
 
 
 def _insert_many(conn: psycopg.Connection[Any], jobs: list[dict[str, Any]]) -> None:
+    derived = [estimate(j["payload"]) for j in jobs]
     conn.execute(
         _INSERT_MANY,
         (
@@ -123,6 +144,11 @@ def _insert_many(conn: psycopg.Connection[Any], jobs: list[dict[str, Any]]) -> N
             [j["origin"] for j in jobs],
             json.dumps([j["payload"] for j in jobs]),
             [j["sla_seconds"] for j in jobs],
+            [j["kind"] for j in jobs],
+            [d["model"] for d in derived],
+            [d["est"] for d in derived],
+            [d["max_tokens"] for d in derived],
+            [d["cost"] for d in derived],
         ),
     )
 
@@ -147,15 +173,10 @@ async def _pgqueuer_sample(dsn: str, units: int, batch: int) -> tuple[float, flo
             await queries.enqueue(["noop"] * batch, [PAYLOAD_BYTES] * batch, [0] * batch)
 
     try:
-        await queries.driver.execute(f"SET application_name = '{_PEER_APP}'")
         for _ in range(3):
             await one()
-        with psycopg.connect(dsn, autocommit=True) as probe:
-            row = probe.execute(
-                "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (_PEER_APP,)
-            ).fetchone()
-        assert row is not None, "pgqueuer's connection not found in pg_stat_activity"
-        pid = int(row[0])
+        rows = await queries.driver.fetch("SELECT pg_backend_pid() AS pid")
+        pid = int(rows[0]["pid"])
         cpu0, t0 = backend_cpu_seconds(pid), time.perf_counter()
         for _ in range(units):
             await one()
