@@ -1,6 +1,6 @@
 """Leases in the database: extending the ones a worker holds (heartbeat) and putting back the
-jobs whose lease expired (rescue). What the worker concludes from the answers stays in
-:mod:`pgqueue.worker.runtime`.
+jobs whose lease expired (rescue). When they run and what the worker counts from the answers
+is :mod:`pgqueue.worker.lease_keeper`'s.
 
 Every write is fenced by the lease token (``docs/operations.md``); a database error is logged
 and the next round tries again.

@@ -1,4 +1,6 @@
-"""The worker's composition root: producer loop, executors, heartbeats, rescue, shutdown.
+"""The worker's composition root: producer loop, executors, shutdown; heartbeats and rescue
+are :mod:`pgqueue.worker.lease_keeper`'s, the stop's budget for final writes
+:mod:`pgqueue.worker.shutdown`'s.
 
 One asyncio process runs up to ``concurrency`` jobs. The producer is the only task that
 claims: it wakes on NOTIFY, a jittered poll, a freed slot or the next due ``run_at``, and
@@ -21,7 +23,6 @@ import socket
 import time
 import uuid
 from collections import Counter
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,10 +37,11 @@ from pgqueue.handlers.registry import NOOP_KIND, Registry, noop
 from pgqueue.models import Interrupted, Job, Outcome
 from pgqueue.observability import metrics
 from pgqueue.settings import Settings
-from pgqueue.worker import leases, shutdown, upkeep
+from pgqueue.worker import shutdown, upkeep
 from pgqueue.worker.completer import Completer, OutcomeAbandoned
 from pgqueue.worker.executor import SharedDeadline, execute, sync_handlers_running
 from pgqueue.worker.inflight import InFlight
+from pgqueue.worker.lease_keeper import LeaseKeeper
 from pgqueue.worker.notifier import Notifier
 from pgqueue.worker.outage import (
     OUTAGE_PAUSE_SECONDS,
@@ -126,17 +128,20 @@ class Worker:
         self._stop = asyncio.Event()
         # set by a hard stop: the grace period ends
         self._hard_stopped = asyncio.Event()
-        # set by a signal after a hard stop: stop waiting for outcome writes
-        self._abandon = asyncio.Event()
-        # when the stop's last waits for outcome writes end (loop time; set by the first)
-        self._final_deadline: float | None = None
+        # the stop's waits for outcome writes: one budget, ended early by a later signal
+        self._budget = shutdown.StopBudget()
         self._stopping = False
         self._hard_stop = False
         # the jobs this worker holds, by lease
         self._jobs = InFlight()
-        # one rescue at a time in this process, so that the burst exit waits for a rescue
-        # the background rescuer has under way
-        self._rescue_lock = asyncio.Lock()
+        self._leases = LeaseKeeper(
+            self._jobs,
+            settings,
+            stats=self.stats,
+            wake=self.wake,
+            stopping=lambda: self._stopping,
+            rng=self._rng,
+        )
         self._blocked_seconds: float | None = None
         # kinds this worker cannot run (no handler, no API key): their jobs go back to the queue
         # unrun, and a burst worker does not wait for them (found by a tester: without a key,
@@ -166,7 +171,7 @@ class Worker:
                 "another signal: no more waiting for outcome writes; "
                 "their jobs go back to the queue when their leases expire"
             )
-            self._abandon.set()
+            self._budget.abandon.set()
         elif self._stopping:
             log.warning("second signal: returning running jobs to the queue")
             self.request_stop(hard=True)
@@ -216,8 +221,8 @@ class Worker:
         self._completer = Completer(self._pool, self.settings, write_slots=max(1, pool_size - 3))
         self._completer.start()
         background: list[asyncio.Task[None]] = [
-            asyncio.create_task(self._heartbeat_loop(), name="pgqueue-heartbeat"),
-            asyncio.create_task(self._rescue_loop(), name="pgqueue-rescuer"),
+            asyncio.create_task(self._leases.heartbeat_loop(self._pool), name="pgqueue-heartbeat"),
+            asyncio.create_task(self._leases.rescue_loop(self._pool), name="pgqueue-rescuer"),
         ]
         compact_every = self.settings.counters_compact_interval_seconds
         if compact_every is not None:
@@ -242,10 +247,10 @@ class Worker:
             await self._drain()
         finally:
             closing = asyncio.ensure_future(self._completer.aclose())
-            if not await self._final_writes([closing], "batched success write(s)"):
+            if not await self._budget.wait([closing], "batched success write(s)"):
                 await self._completer.abandon(shutdown.SETTLE_SECONDS)
             # their successes are written (or abandoned): let them count their outcomes
-            await self._final_writes([task for _job, task in self._jobs.flushing.values()])
+            await self._budget.wait([task for _job, task in self._jobs.flushing.values()])
             self._stop.set()
             for task in background:
                 task.cancel()
@@ -327,7 +332,8 @@ class Worker:
                 and not self._jobs.flushing
                 and (due is None or due > self.settings.burst_horizon_seconds)
             ):
-                if await self._rescue_once():
+                assert self._pool is not None
+                if await self._leases.rescue_once(self._pool):
                     return True  # expired leases went back to the queue: run them first
                 # The background rescuer may just have put jobs back (found by a tester:
                 # a burst worker started beside expired leases exited with them queued).
@@ -525,22 +531,8 @@ class Worker:
         )
         still_running = [task for task in running if task in pending]
         self._jobs.cancel_handlers(still_running)
-        await self._final_writes(still_running)
+        await self._budget.wait(still_running)
         await self._interrupt_unstarted()
-
-    async def _final_writes(
-        self, tasks: Collection[asyncio.Future[Any]], what: str = "job(s)"
-    ) -> bool:
-        """:func:`shutdown.final_writes`, ended early by another signal after a hard stop. Every
-        such wait of one stop shares one budget of ``FINAL_WRITES_SECONDS`` from the first:
-        found by a tester, a stop whose writes met rows another transaction held waited the
-        budget once for the jobs' own writes, again for the batched successes and again for
-        the successes waiting on them (~35-50 s with the 30 s grace period)."""
-        loop = asyncio.get_running_loop()
-        if self._final_deadline is None:
-            self._final_deadline = loop.time() + shutdown.FINAL_WRITES_SECONDS
-        left = self._final_deadline - loop.time()
-        return await shutdown.final_writes(tasks, self._abandon, what, left)
 
     async def _interrupt_unstarted(self) -> None:
         """Return to the queue the jobs whose task was cancelled before its first step (a hard
@@ -549,7 +541,7 @@ class Worker:
         counted an attempt they never had."""
         unstarted = [job for job, task in self._jobs.running.values() if task.done()]
         if unstarted:
-            await self._final_writes([asyncio.ensure_future(self._interrupt(j)) for j in unstarted])
+            await self._budget.wait([asyncio.ensure_future(self._interrupt(j)) for j in unstarted])
 
     async def _interrupt(self, job: Job) -> None:
         assert self._completer is not None
@@ -568,40 +560,6 @@ class Worker:
         counted as lost leases)."""
         self.stats.outcomes[state or "lease_lost"] += 1
         metrics.count_outcome(outcome, state)
-
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.heartbeat_seconds)
-            await self._heartbeat_once()
-
-    async def _heartbeat_once(self) -> None:
-        """Extend the leases of the jobs this worker holds (:meth:`InFlight.heartbeat`)."""
-        assert self._pool is not None
-        self.stats.lost_leases += await self._jobs.heartbeat(
-            self._pool, self.settings.lease_seconds, stopping=self._stopping
-        )
-
-    async def _rescue_loop(self) -> None:
-        assert self._pool is not None
-        while True:
-            await self._rescue_once()
-            if self.settings.retention_seconds is not None:
-                await upkeep.prune(self._pool, self.settings.retention_seconds)
-            await asyncio.sleep(self.settings.rescue_interval_seconds * self._rng.uniform(0.8, 1.2))
-
-    async def _rescue_once(self) -> int:
-        """Requeue (or fail) jobs whose lease expired; returns how many went back to the queue
-        (0 on a database error). A burst worker also runs it before exiting, so that it does not
-        leave rescued work behind."""
-        assert self._pool is not None
-        async with self._rescue_lock:
-            rows = await leases.rescue(self._pool)
-        if rows:
-            self.stats.rescued += len(rows)
-            metrics.RESCUED.inc(len(rows))
-            log.warning("rescued %d job(s) whose lease expired", len(rows))
-            self.wake()
-        return sum(1 for row in rows if row["state"] == "queued")
 
     async def _close_handlers(self) -> None:
         for kind in self.registry:

@@ -89,6 +89,26 @@ async def final_writes(
     return False
 
 
+class StopBudget:
+    """One budget of :data:`FINAL_WRITES_SECONDS` for every wait for outcome writes of one
+    stop, counted from the first, and the event a later signal sets to end them at once.
+    Found by a tester: a stop whose writes met rows another transaction held waited the budget
+    once for the jobs' own writes, again for the batched successes and again for the successes
+    waiting on them (~35-50 s with the 30 s grace period)."""
+
+    def __init__(self) -> None:
+        #: set by a signal after a hard stop: stop waiting for outcome writes
+        self.abandon = asyncio.Event()
+        self._deadline: float | None = None  # loop time; set by the first wait
+
+    async def wait(self, tasks: Collection[asyncio.Future[Any]], what: str = "job(s)") -> bool:
+        """:func:`final_writes` with what is left of the budget; whether everything finished."""
+        loop = asyncio.get_running_loop()
+        if self._deadline is None:
+            self._deadline = loop.time() + FINAL_WRITES_SECONDS
+        return await final_writes(tasks, self.abandon, what, self._deadline - loop.time())
+
+
 async def work_until_stopped(worker: Worker) -> WorkerStats:
     """Run ``worker`` with its signal handlers; once it has returned, a late SIGTERM or SIGINT
     no longer kills the process before it prints its summary (found by a tester: two signals

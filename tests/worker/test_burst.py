@@ -31,7 +31,7 @@ async def test_a_burst_worker_runs_jobs_whose_lease_expired_before_exiting(db_ds
     # the background rescuer would only run after the worker had exited
     settings = Settings(poll_interval_seconds=0.1, rescue_interval_seconds=3600)
     worker = Worker(db_dsn, settings, concurrency=4, burst=True)
-    worker._rescue_loop = _never  # type: ignore[method-assign]
+    worker._leases.rescue_loop = _never  # type: ignore[method-assign]
     stats = await worker.run(install_signal_handlers=False)
 
     assert stats.rescued == 4 and stats.outcomes["succeeded"] == 4
@@ -41,7 +41,7 @@ async def test_a_burst_worker_runs_jobs_whose_lease_expired_before_exiting(db_ds
         ).fetchall() == [("succeeded", 4)]
 
 
-async def _never() -> None:
+async def _never(_pool: object) -> None:
     """A background rescuer that never gets to run."""
 
 

@@ -55,7 +55,7 @@ async def test_a_job_completed_while_the_heartbeat_waited_is_not_a_lost_lease(
         worker._jobs.flushing[done.lease] = (done, task)  # its success was being written
         worker._jobs.recording.add(done.lease)
         worker._jobs.running[lost.lease] = (lost, task)  # its handler still runs
-        await worker._heartbeat_once()
+        await worker._leases.heartbeat_once(worker._pool)
     finally:
         task.cancel()
         await worker._pool.close()

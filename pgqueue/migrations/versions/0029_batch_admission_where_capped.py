@@ -136,8 +136,10 @@ def batch() -> str:
         RuntimeError: revision 0015's text lacks the pass this edit was written for.
     """
     body = replace_anchor(batch_before(), _UNKNOWN, _UNKNOWN_ONCE, what=_WHAT)
-    start = replace_anchor(body, _PASS_START, "\0", what=_WHAT).index("\0")
-    end = replace_anchor(body, _PASS_END, "\0", what=_WHAT).index("\0") + len(_PASS_END)
+    if body.count(_PASS_START) != 1 or body.count(_PASS_END) != 1:
+        raise RuntimeError(f"{_WHAT}: not the admission pass this edit was written for")
+    start = body.index(_PASS_START)
+    end = body.index(_PASS_END) + len(_PASS_END)
     if end <= start:
         raise RuntimeError(f"{_WHAT}: the admission pass ends before it starts")
     pass_lines = body[start:end].splitlines(keepends=True)[1:]  # without its comment line

@@ -24,7 +24,7 @@ FROM pgqueue.try_enqueue(
 -- columns, 1,000 dict rows), one int8 array ~0.1. `others` goes as text, parsed by pgqueue:
 -- the caller's connection may load jsonb its own way (as text, or into its own objects).
 SELECT array_agg(t.id ORDER BY t.ord) AS ids,
-       (jsonb_agg(jsonb_build_object('ord', t.ord, 'id', t.id, 'outcome', t.outcome,
+       (jsonb_agg(jsonb_build_object('ord', t.ord, 'outcome', t.outcome,
                                      'tier', t.tier::text, 'policy', t.policy,
                                      'scope', t.scope, 'depth', t.depth, 'cap', t.cap)
                   ORDER BY t.ord) FILTER (WHERE t.outcome <> 'enqueued'))::text AS others
