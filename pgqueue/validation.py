@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pgqueue.errors import (
@@ -31,6 +31,10 @@ MAX_TENANT_ID_CHARS = 128
 MAX_KIND_CHARS = 128
 MAX_ATTEMPTS_LIMIT = 1000
 MAX_DEDUPE_KEY_CHARS = 256
+#: The ``run_at`` range the CHECK constraint ``jobs_run_at_range`` holds (UTC; a day's margin
+#: inside years 0001-9999, for time zones): ``RUN_AT_MIN <= run_at < RUN_AT_MAX``.
+RUN_AT_MIN = datetime(1, 1, 2, tzinfo=UTC)
+RUN_AT_MAX = datetime(9999, 12, 30, tzinfo=UTC)
 _INT32_MAX = 2_147_483_647
 # An escaped U+0000 that is not itself an escaped backslash followed by "u0000".
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -305,6 +309,25 @@ def jsonb_text_size(text: str) -> int:
     return size
 
 
+def _check_run_at(run_at: object) -> datetime:
+    """``run_at``, checked: a timezone-aware datetime in [:data:`RUN_AT_MIN`,
+    :data:`RUN_AT_MAX`), else :class:`InvalidArgument`. Found by a tester: 0001-01-01 and
+    9999-12-31 UTC reached the CHECK constraint, whose untyped error aborted the caller's
+    transaction."""
+    if not (isinstance(run_at, datetime) and run_at.utcoffset() is not None):
+        raise InvalidArgument("run_at must be a timezone-aware datetime or None")
+    try:
+        utc = run_at.astimezone(UTC)
+    except OverflowError:  # before year 1 or after 9999 once in UTC
+        utc = None
+    if utc is None or not RUN_AT_MIN <= utc < RUN_AT_MAX:
+        raise InvalidArgument(
+            f"run_at must be from {RUN_AT_MIN.isoformat()} to before {RUN_AT_MAX.isoformat()}"
+            f", got {run_at.isoformat()}"
+        )
+    return run_at
+
+
 def _check_size(size: int, max_payload_bytes: int) -> None:
     if size > max_payload_bytes:
         raise PayloadTooLarge(f"payload is {size} bytes, over the cap of {max_payload_bytes} bytes")
@@ -390,9 +413,8 @@ def check_job(
     _check_size(size, max_payload_bytes)
     if kind_text == DEFAULT_KIND:
         check_messages_payload(payload)
-    if run_at is not None and not (isinstance(run_at, datetime) and run_at.tzinfo is not None):
-        raise InvalidArgument("run_at must be a timezone-aware datetime or None")
+    when = None if run_at is None else _check_run_at(run_at)
     key = None
     if dedupe_key is not None:
         key = _check_text(dedupe_key, "dedupe_key", MAX_DEDUPE_KEY_CHARS, InvalidArgument)
-    return CheckedJob(tid, parsed_origin, payload, text, sla, kind_text, max_attempts, run_at, key)
+    return CheckedJob(tid, parsed_origin, payload, text, sla, kind_text, max_attempts, when, key)

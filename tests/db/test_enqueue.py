@@ -201,6 +201,39 @@ def test_require_known_tenant(db_dsn):
     assert _count(db_dsn) == 1
 
 
+@pytest.mark.parametrize("policy", ["drop", "reject"])
+def test_an_unknown_tenant_is_refused_before_a_full_tier_has_a_say(db_dsn, policy):
+    """Found by a tester: with tenants required, a job of an unknown tenant on a full tier got
+    the tier's verdict (dropped, with a counter row for a tenant that does not exist, or
+    QueueFull, a "retry later") instead of UnknownTenant."""
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute(
+            "UPDATE pgqueue.admission SET max_queued = 0, policy = %s WHERE tier = 'batch'",
+            (policy,),
+        )
+        c.execute("INSERT INTO pgqueue.tenants (tenant_id) VALUES ('known')")
+    for single in (True, False):
+        with psycopg.connect(db_dsn) as conn:
+            conn.execute("SET pgqueue.require_known_tenant = on")
+            with pytest.raises(pgqueue.UnknownTenant, match="stranger"):
+                if single:
+                    pgqueue.enqueue(conn, tenant_id="stranger", origin="batch_job", payload=PAYLOAD)
+                else:
+                    pgqueue.enqueue_many(
+                        conn,
+                        [
+                            JobSpec("known", "user_action", PAYLOAD),
+                            JobSpec("stranger", "batch_job", PAYLOAD),
+                        ],
+                    )
+    with psycopg.connect(db_dsn) as c:
+        assert c.execute(
+            "SELECT count(*) FROM pgqueue.queue_counts WHERE tenant_id = 'stranger'"
+        ).fetchone() == (0,)
+        assert c.execute("SELECT tenant_id FROM pgqueue.tenants").fetchall() == [("known",)]
+    assert _count(db_dsn) == 0
+
+
 def test_wrong_connection_type_is_a_typed_error():
     with pytest.raises(pgqueue.InvalidArgument):
         pgqueue.enqueue(object(), tenant_id="a", origin="user_action", payload=PAYLOAD)  # type: ignore[call-overload]

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta, timezone
+
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+import pgqueue
 from pgqueue.db import migrate
+from pgqueue.validation import RUN_AT_MAX, RUN_AT_MIN
 
 PAYLOAD = {
     "model": "claude-haiku-4-5",
@@ -104,3 +108,31 @@ def test_revision_0015_repairs_stored_rows_then_downgrades_and_upgrades(
         ).fetchone()
         assert check == (1,)
         c.execute("ALTER TABLE pgqueue.jobs VALIDATE CONSTRAINT jobs_run_at_range")  # as docs say
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        datetime(1, 1, 1, tzinfo=UTC),
+        datetime(1, 1, 1, 23, 59, tzinfo=UTC),
+        datetime(1, 1, 2, 0, 30, tzinfo=timezone(timedelta(hours=1))),  # 0001-01-01 in UTC
+        datetime(9999, 12, 30, tzinfo=UTC),
+        datetime(9999, 12, 31, 23, 59, tzinfo=timezone(timedelta(hours=-5))),  # after 9999 in UTC
+    ],
+)
+def test_python_enqueue_refuses_a_run_at_the_constraint_refuses_before_any_statement(
+    db_dsn: str, when: datetime
+) -> None:
+    """Found by a tester: datetimes Python holds but `jobs_run_at_range` refuses (the first and
+    last day of years 0001-9999) reached the constraint; its untyped CheckViolation aborted the
+    caller's transaction, and on a full tier with the drop policy the job counted as dropped.
+    They get InvalidArgument before any statement, so the transaction stays usable."""
+    with psycopg.connect(db_dsn) as c:
+        first = pgqueue.enqueue(c, tenant_id="t1", origin="user_action", payload=PAYLOAD)
+        with pytest.raises(pgqueue.InvalidArgument, match="run_at must be from"):
+            pgqueue.enqueue(c, tenant_id="t1", origin="user_action", payload=PAYLOAD, run_at=when)
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        assert c.execute("SELECT array_agg(id) FROM pgqueue.jobs").fetchone() == ([first],)
+    for edge in (RUN_AT_MIN, RUN_AT_MAX - timedelta(microseconds=1)):
+        with psycopg.connect(db_dsn) as c:
+            pgqueue.enqueue(c, tenant_id="t1", origin="user_action", payload=PAYLOAD, run_at=edge)

@@ -1,0 +1,194 @@
+"""A claim passes over the jobs of a model the provider's limits stop, to the other jobs due.
+
+``pgqueue.claim_admitted`` checks the provider's rate limiter on the jobs ``drr_dispatch``
+picked, in dispatch order. At the first job the limiter cannot admit it undid the dispatch and
+took only the jobs before that one, so when the first job was stopped the claim came back
+empty. One model in cooldown (a 429 on it) therefore stopped every claim of every worker for
+the cooldown's length, for every tenant, model and kind, ``pgqueue.noop`` jobs included, while
+``pgqueue.claim_order`` showed them next: against "no claim comes back empty while any
+eligible job exists" (found by a fresh tester: a cooldown of 120 s on one model left the jobs
+of another model and no-op jobs queued).
+
+Now the claim sets that job's model aside and dispatches again. ``drr_dispatch`` passes over
+the queued jobs of the models named in the transaction's ``pgqueue.claim_skip_models`` setting
+(a ``text[]`` literal; ``claim_admitted`` sets it and clears it before it returns) as it passes
+over jobs that other transactions hold: a pair with nothing else due leaves the round, to be
+looked at again a second later. When the limiter stops a later job, the jobs before it are
+dispatched again and taken as before, then the rest of the claim with that model set aside.
+The claim still ends with one row carrying ``blocked_seconds`` (the shortest wait of the models
+it set aside) when it took fewer jobs than asked.
+
+A dispatch with models set aside that takes nothing is undone. So when every due job waits for
+the same model (one model in use, the usual case), a claim leaves the round as it was, as it
+did before, and only costs a second dispatch. A claim runs at most eight dispatches.
+
+``pgqueue.claim_order`` still shows the order without the limiter. ``drr_dispatch`` is
+revision 0028's text, edited here, not copied; ``claim_admitted`` is new text (revision
+0016's comes back on downgrade).
+
+Revision ID: 0030
+Revises: 0029
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+from alembic import op
+
+from pgqueue.db.sqltext import replace_anchor, revision_module
+
+revision = "0030"
+down_revision = "0029"
+branch_labels = None
+depends_on = None
+
+_WHAT = "revision 0030: drr_dispatch"
+_DECLARE = """\
+    last_at timestamptz := '-infinity';
+"""
+_DECLARE_ASIDE = """\
+    last_at timestamptz := '-infinity';
+    -- models whose queued jobs this dispatch passes over: the provider's limits stop them
+    -- (set by pgqueue.claim_admitted; revision 0030)
+    aside constant text[] := coalesce(nullif(current_setting('pgqueue.claim_skip_models', true),
+                                             ''), '{}')::text[];
+"""
+# Every statement that looks for due jobs (the nine of them) reads only jobs it may send.
+_DUE = "j.state = 'queued' AND j.run_at <= now()"
+_DUE_SENDABLE = (
+    "j.state = 'queued' AND j.run_at <= now() AND pgqueue.job_sendable(j.kind, j.model, aside)"
+)
+_DUE_STATEMENTS = 9
+
+SENDABLE = """\
+CREATE OR REPLACE FUNCTION pgqueue.job_sendable(kind text, model text, aside text[])
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE PARALLEL SAFE
+AS $$
+    -- Whether a claim may take a job of this kind and model now: only Messages API jobs of a
+    -- model set aside are held back (inlined into the dispatch's statements).
+    SELECT kind <> 'anthropic.messages' OR model IS NULL OR model <> ALL (aside)
+$$;
+"""
+
+CLAIM_ADMITTED = """\
+CREATE OR REPLACE FUNCTION pgqueue.claim_admitted(max_jobs integer, worker_id text,
+                                                  lease_seconds double precision)
+RETURNS TABLE (job pgqueue.jobs, blocked_seconds double precision)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    taken pgqueue.jobs[] := '{}';  -- admitted, in dispatch order
+    got pgqueue.jobs[];
+    j pgqueue.jobs;
+    want integer;
+    prefix integer;                -- after a stop at a later job: that many jobs again first
+    pending text;                  -- the model set aside once the prefix is taken
+    aside text[] := '{}';          -- models whose jobs this claim passes over
+    wait double precision;
+    soonest double precision;      -- the shortest wait of the models set aside
+    blocked_at integer;
+    blocked_model text;
+    tries integer := 0;
+BEGIN
+    -- The scheduler's lock, held to commit, so that the redo sees the same state. The claim's
+    -- commit does not wait for its WAL flush: the lock is released sooner, and a claim lost in
+    -- a crash only leaves its jobs queued, to be claimed again (at-least-once execution;
+    -- every completion is fenced by the lease token).
+    PERFORM set_config('synchronous_commit', 'off', true);
+    PERFORM pg_advisory_xact_lock(7310575183440224370);
+    LOOP
+        want := coalesce(prefix, max_jobs - cardinality(taken));
+        EXIT WHEN want <= 0 OR tries >= 8;
+        tries := tries + 1;
+        blocked_at := NULL;
+        PERFORM set_config('pgqueue.claim_skip_models', aside::text, true);
+        BEGIN
+            got := ARRAY(SELECT d.claimed
+                          FROM pgqueue.drr_dispatch(want, worker_id, lease_seconds) d);
+            FOR i IN 1 .. cardinality(got) LOOP
+                j := got[i];
+                CONTINUE WHEN j.kind <> 'anthropic.messages' OR j.model IS NULL;
+                wait := pgqueue.ratelimit_try_take(j.model, j.est_input_tokens,
+                                                   j.max_output_tokens);
+                IF wait > 0 AND wait < 'Infinity'::double precision THEN
+                    blocked_at := i;
+                    blocked_model := j.model;
+                    RAISE EXCEPTION 'rate limited' USING ERRCODE = 'PQ901';
+                END IF;
+            END LOOP;
+            IF cardinality(got) = 0 AND cardinality(aside) > 0 THEN
+                -- Nothing else is due: what passing over those models changed (pairs that
+                -- left the round) is undone, and the round stays as it was.
+                RAISE EXCEPTION 'nothing else due' USING ERRCODE = 'PQ902';
+            END IF;
+        EXCEPTION WHEN SQLSTATE 'PQ901' OR SQLSTATE 'PQ902' THEN
+            NULL;  -- everything of this attempt is undone; `got` and blocked_at survive
+        END;
+        IF blocked_at IS NULL THEN
+            taken := taken || got;
+            EXIT WHEN prefix IS NULL;  -- took what is due and can be sent
+            -- The jobs before the stopped one are taken; the rest of the claim passes over
+            -- its model.
+            prefix := NULL;
+            aside := aside || pending;
+            CONTINUE;
+        END IF;
+        soonest := least(soonest, wait);
+        IF blocked_at > 1 THEN
+            prefix := blocked_at - 1;
+            pending := blocked_model;
+        ELSE
+            prefix := NULL;
+            aside := aside || blocked_model;
+        END IF;
+    END LOOP;
+    PERFORM set_config('pgqueue.claim_skip_models', '', true);
+    RETURN QUERY SELECT g, NULL::double precision FROM unnest(taken) AS g;
+    IF soonest IS NOT NULL AND cardinality(taken) < max_jobs THEN
+        RETURN QUERY SELECT NULL::pgqueue.jobs, soonest;
+    END IF;
+END
+$$;
+"""
+
+
+def _revision(name: str) -> ModuleType:
+    return revision_module(Path(__file__).with_name(name))
+
+
+def dispatch() -> str:
+    """``drr_dispatch`` as this revision creates it."""
+    body: str = _revision("0028_idle_turns_in_memory.py").dispatch()
+    body = replace_anchor(body, _DECLARE, _DECLARE_ASIDE, what=_WHAT)
+    return replace_anchor(body, _DUE, _DUE_SENDABLE, what=_WHAT, times=_DUE_STATEMENTS)
+
+
+def _claim_admitted_before() -> str:
+    r0016 = _revision("0016_claim_path_trims.py")
+    text: str = r0016._direct(r0016._claim_admitted_before())
+    return text
+
+
+def _dispatch_settings() -> tuple[str, ...]:
+    settings: tuple[str, ...] = _revision("0017_claim_counts.py").dispatch_settings()
+    return settings
+
+
+def upgrade() -> None:
+    op.execute(SENDABLE)
+    op.execute(dispatch())
+    for statement in _dispatch_settings():  # CREATE OR REPLACE dropped them
+        op.execute(statement)
+    op.execute(CLAIM_ADMITTED)
+
+
+def downgrade() -> None:
+    op.execute(_claim_admitted_before())
+    op.execute(_revision("0028_idle_turns_in_memory.py").dispatch())
+    for statement in _dispatch_settings():
+        op.execute(statement)
+    op.execute("DROP FUNCTION pgqueue.job_sendable(text, text, text[])")

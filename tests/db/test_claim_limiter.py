@@ -1,0 +1,133 @@
+"""Revision 0030: a claim passes over the jobs of a model the provider's limits stop.
+
+Found by a fresh tester: one model in cooldown made every claim come back empty, for every
+tenant, model and kind, while jobs that could be sent were due (the contract: no claim comes
+back empty while any eligible job exists).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+import pgqueue
+from pgqueue import JobSpec
+from pgqueue.db import queries
+from pgqueue.handlers.registry import NOOP_KIND as NOOP
+
+Conn = psycopg.Connection[Any]
+
+CLAIM = {"worker_id": "w", "lease_seconds": 30}
+
+
+def _payload(model: str) -> dict[str, Any]:
+    return {"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _claim(conn: Conn, limit: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = queries.run(conn, "job_claim", {"limit": limit, **CLAIM})
+    return rows
+
+
+def _jobs(rows: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    return [(r["tenant_id"], r["model"]) for r in rows if r["id"] is not None]
+
+
+def _blocked(rows: list[dict[str, Any]]) -> list[float]:
+    return [float(r["blocked_seconds"]) for r in rows if r["id"] is None]
+
+
+def _round(conn: Conn) -> list[Any]:
+    """The scheduler's state, as text (its timestamps may be infinite)."""
+    return conn.execute(
+        "SELECT d::text FROM pgqueue.deficits d UNION ALL SELECT s::text FROM pgqueue.tier_state s"
+        " ORDER BY 1"
+    ).fetchall()
+
+
+def _three_kinds(dsn: str) -> None:
+    """Tenant A's jobs on a model in cooldown come first in the round; B's are on another
+    model, C's are no-op jobs (never sent)."""
+    with psycopg.connect(dsn) as c:
+        c.execute("SELECT pgqueue.ratelimit_cooldown('slow', 120)")
+        pgqueue.enqueue_many(
+            c,
+            [JobSpec("A", "user_action", _payload("slow")) for _ in range(3)]
+            + [JobSpec("B", "user_action", _payload("fast")) for _ in range(3)]
+            + [JobSpec("C", "user_action", {}, kind=NOOP) for _ in range(3)],
+        )
+
+
+def test_a_model_in_cooldown_does_not_stop_the_jobs_of_other_models_and_kinds(db_dsn):
+    _three_kinds(db_dsn)
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        # claim_order knows nothing of the limiter: A's jobs are next there
+        order = c.execute("SELECT tenant_id FROM pgqueue.claim_order LIMIT 3").fetchall()
+        assert order == [("A",)] * 3
+        first = _claim(c, 5)
+        assert sorted(_jobs(first)) == [("B", "fast")] * 2 + [("C", None)] * 3
+        assert _blocked(first) == []  # a full claim
+        second = _claim(c, 5)
+        assert _jobs(second) == [("B", "fast")]
+        left = c.execute(
+            "SELECT tenant_id, count(*) FROM pgqueue.jobs WHERE state = 'queued' GROUP BY 1"
+        ).fetchall()
+        assert left == [("A", 3)]
+        # Only A's jobs are left: the claim says how long the model waits, and takes nothing;
+        # the setting that told the dispatch which models to pass over is cleared before the
+        # claim returns (it would steer a later dispatch of the same transaction).
+        with psycopg.connect(db_dsn) as t:
+            third = _claim(t, 5)
+            assert t.execute("SELECT current_setting('pgqueue.claim_skip_models')").fetchone() == (
+                "",
+            )
+        assert _jobs(third) == []
+        assert len(_blocked(third)) == 1 and 100 < _blocked(third)[0] <= 120
+
+
+def test_a_claim_that_finds_only_jobs_waiting_for_the_model_leaves_the_round_as_it_was(db_dsn):
+    """One model in use (the usual case): a cooldown stops every due job, and the claim undoes
+    its second dispatch too, so deficits, positions and the tier state stay as they were."""
+    with psycopg.connect(db_dsn) as c:
+        pgqueue.enqueue_many(
+            c, [JobSpec(f"t{i % 3}", "user_action", _payload("m")) for i in range(12)]
+        )
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        assert len(_jobs(_claim(c, 4))) == 4  # a round under way
+        c.execute("SELECT pgqueue.ratelimit_cooldown('m', 60)")
+        before = _round(c)
+        rows = _claim(c, 4)
+        assert _jobs(rows) == [] and len(_blocked(rows)) == 1
+        assert _round(c) == before
+        assert c.execute("SELECT count(*) FROM pgqueue.jobs WHERE state = 'queued'").fetchone() == (
+            8,
+        )
+
+
+def test_a_stop_at_a_later_job_takes_the_jobs_before_it_then_passes_over_its_model(db_dsn):
+    """The limiter admits two requests of model m: the claim takes them, then fills the rest
+    from the jobs of another model, in DRR order, and says how long m waits."""
+    with psycopg.connect(db_dsn) as c:
+        c.execute(
+            "INSERT INTO pgqueue.rate_limits (model, requests_per_minute, input_tokens_per_minute,"
+            " output_tokens_per_minute, requests_available, input_tokens_available,"
+            " output_tokens_available) VALUES ('m', 60, 40000, 8000, 2, 40000, 8000)"
+        )
+        pgqueue.enqueue_many(
+            c,
+            [JobSpec("t0", "user_action", _payload("m")) for _ in range(4)]
+            + [JobSpec("t1", "user_action", _payload("other")) for _ in range(4)],
+        )
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        rows = _claim(c, 6)
+        assert _jobs(rows) == [("t0", "m"), ("t0", "m")] + [("t1", "other")] * 4
+        assert _blocked(rows) == []  # six asked, six taken
+        rows = _claim(c, 6)
+        assert _jobs(rows) == []
+        assert len(_blocked(rows)) == 1 and 0 < _blocked(rows)[0] <= 60
+        queued = c.execute(
+            "SELECT tenant_id, model, count(*) FROM pgqueue.jobs WHERE state = 'queued'"
+            " GROUP BY 1, 2"
+        ).fetchall()
+        assert queued == [("t0", "m", 2)]
