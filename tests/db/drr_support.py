@@ -120,3 +120,14 @@ def ref_take(ref: TieredDrr, n: int) -> list[Dispatch]:
     while len(out) < n and (item := ref.next()) is not None:
         out.append(item)
     return out
+
+
+def allow_requests(conn: Conn, model: str, requests: int) -> None:
+    """Model ``model``'s limiter: ``requests`` requests left now (of 60 a minute), tokens
+    plenty, so that the next ``requests`` jobs of it are admitted and the one after is not."""
+    conn.execute(
+        "INSERT INTO pgqueue.rate_limits (model, requests_per_minute, input_tokens_per_minute,"
+        " output_tokens_per_minute, requests_available, input_tokens_available,"
+        " output_tokens_available) VALUES (%s, 60, 40000, 8000, %s, 40000, 8000)",
+        (model, requests),
+    )

@@ -17,6 +17,7 @@ import pgqueue
 from pgqueue import JobSpec
 from pgqueue.db import migrate, queries
 from pgqueue.handlers.registry import NOOP_KIND as NOOP
+from tests.db.drr_support import allow_requests
 
 Conn = psycopg.Connection[Any]
 
@@ -110,11 +111,7 @@ def test_a_claim_the_rate_limiter_rolls_back_is_not_counted(db_dsn):
     """claim_admitted undoes a dispatch that the provider's limits stop (a subtransaction):
     the counts written by that attempt go with it, and the retry counts only what it keeps."""
     with psycopg.connect(db_dsn) as c:
-        c.execute(
-            "INSERT INTO pgqueue.rate_limits (model, requests_per_minute, input_tokens_per_minute,"
-            " output_tokens_per_minute, requests_available, input_tokens_available,"
-            " output_tokens_available) VALUES ('m', 60, 40000, 8000, 2, 40000, 8000)"
-        )
+        allow_requests(c, "m", 2)
         pgqueue.enqueue_many(
             c,
             [

@@ -15,6 +15,7 @@ import pgqueue
 from pgqueue import JobSpec
 from pgqueue.db import queries
 from pgqueue.handlers.registry import NOOP_KIND as NOOP
+from tests.db.drr_support import allow_requests
 
 Conn = psycopg.Connection[Any]
 
@@ -109,11 +110,7 @@ def test_a_stop_at_a_later_job_takes_the_jobs_before_it_then_passes_over_its_mod
     """The limiter admits two requests of model m: the claim takes them, then fills the rest
     from the jobs of another model, in DRR order, and says how long m waits."""
     with psycopg.connect(db_dsn) as c:
-        c.execute(
-            "INSERT INTO pgqueue.rate_limits (model, requests_per_minute, input_tokens_per_minute,"
-            " output_tokens_per_minute, requests_available, input_tokens_available,"
-            " output_tokens_available) VALUES ('m', 60, 40000, 8000, 2, 40000, 8000)"
-        )
+        allow_requests(c, "m", 2)
         pgqueue.enqueue_many(
             c,
             [JobSpec("t0", "user_action", _payload("m")) for _ in range(4)]
