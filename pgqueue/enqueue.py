@@ -27,6 +27,7 @@ from typing import Any, overload
 
 import psycopg
 from psycopg.pq import TransactionStatus
+from sqlalchemy.orm import Session
 
 from pgqueue.batch import JobSpec, check_batch
 from pgqueue.db import queries
@@ -42,11 +43,10 @@ from pgqueue.validation import (
     check_job,
 )
 
-try:  # SQLAlchemy is a dependency, but keep the import cost off the hot path of psycopg users
+try:  # the asyncio extension needs greenlet: without it, a sync Session still works
     from sqlalchemy.ext.asyncio import AsyncSession
-    from sqlalchemy.orm import Session
-except ImportError:  # pragma: no cover
-    Session = AsyncSession = None  # type: ignore[assignment,misc]
+except ImportError:  # pragma: no cover  (found by a tester: SQLAlchemy 2.1 dropped greenlet)
+    AsyncSession = None  # type: ignore[assignment,misc]
 
 SyncTarget = psycopg.Connection[Any] | Session
 AsyncTarget = psycopg.AsyncConnection[Any] | AsyncSession
@@ -160,7 +160,7 @@ def _batch_ids(row: Mapping[str, Any], jobs: int) -> list[int | None]:
 def _sync_conn(target: SyncTarget) -> psycopg.Connection[Any]:
     if isinstance(target, psycopg.Connection):
         return target
-    if Session is not None and isinstance(target, Session):
+    if isinstance(target, Session):
         raw = target.connection().connection.driver_connection
         if isinstance(raw, psycopg.Connection):
             return raw

@@ -31,6 +31,7 @@ from pgqueue.models import Origin
 __all__ = [
     "BUNDLED_TRACE",
     "CHARS_PER_TOKEN",
+    "MAX_TRACE_TOKENS",
     "PlannedJob",
     "TraceRequest",
     "load_trace",
@@ -43,6 +44,10 @@ BUNDLED_TRACE = "azure_llm_conv_2023.csv"
 
 #: Characters of filler prompt per recorded input token (the usual English rule of thumb).
 CHARS_PER_TOKEN = 4
+#: The largest token count a trace row may give (either column): ten times the longest
+#: context window of today's models; a prompt of it is 40 MB of filler, which the payload cap
+#: then refuses at enqueue.
+MAX_TRACE_TOKENS = 10_000_000
 
 _TIMESTAMP = "TIMESTAMP"
 _INPUT = "ContextTokens"
@@ -126,9 +131,9 @@ def load_trace(
 
     Raises :class:`~pgqueue.errors.InvalidArgument` when a required column is missing, when a
     row (named by its line number, the header being line 1) has a bad timestamp, a token count
-    that is not a non-negative integer or the wrong number of fields, when ``limit`` is
-    negative, or when ``start_offset_seconds`` is negative or not finite. Raises ``OSError``
-    when ``path`` cannot be read.
+    that is not an integer from 0 to :data:`MAX_TRACE_TOKENS` or the wrong number of fields,
+    when the file cannot be read or is not UTF-8, when ``limit`` is negative, or when
+    ``start_offset_seconds`` is negative or not finite.
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise InvalidArgument(f"limit must be a non-negative integer or None, got {limit!r}")
@@ -144,8 +149,17 @@ def load_trace(
         text = source.read_text(encoding="utf-8-sig")
         name = f"bundled {BUNDLED_TRACE}"
     else:
-        text = Path(path).read_text(encoding="utf-8-sig")
         name = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError as exc:  # found by a tester: a traceback
+            raise InvalidArgument(
+                f"{name}: not UTF-8 text ({exc.reason} at offset {exc.start})"
+            ) from None
+        except OSError as exc:  # missing, a directory, no permission
+            raise InvalidArgument(
+                f"cannot read trace file {name!r}: {exc.strerror or exc}"
+            ) from None
     rows = _parse_rows(io.StringIO(text, newline=""), name)
 
     if not rows:
@@ -224,6 +238,11 @@ def _parse_tokens(value: str, column: str, name: str, line: int) -> int:
     if tokens < 0:
         raise InvalidArgument(
             f"{name}: line {line}: {column} {value!r} is not a non-negative integer"
+        )
+    if tokens > MAX_TRACE_TOKENS:
+        # found by a tester: 99,999,999,999 made the replay build a prompt of 400 GB
+        raise InvalidArgument(
+            f"{name}: line {line}: {column} {value.strip()} is over {MAX_TRACE_TOKENS:,}"
         )
     return tokens
 

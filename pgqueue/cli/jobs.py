@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Annotated, Any
 
 import psycopg
@@ -23,8 +22,21 @@ from pgqueue.cli import (
     int_in_range,
 )
 
+#: A payload file is read up to this many times the payload cap (JSON text may carry more
+#: whitespace than the stored form): found by a tester, ``--payload @/dev/zero`` read until
+#: the machine ran out of memory.
+PAYLOAD_FILE_FACTOR = 4
 
-def _read_payload(payload: str) -> Any:
+
+def _read_payload(payload: str, max_payload_bytes: int) -> Any:
+    """The JSON value of ``--payload``: its text, or the file after ``@``, read up to
+    :data:`PAYLOAD_FILE_FACTOR` × ``max_payload_bytes`` bytes.
+
+    Raises:
+        InvalidArgument: no file name, or the file cannot be read or is not UTF-8.
+        PayloadTooLarge: the file is longer than that.
+        InvalidPayload: the text is not JSON, or is nested too deeply to parse.
+    """
     import pgqueue
 
     raw = payload
@@ -32,21 +44,34 @@ def _read_payload(payload: str) -> Any:
         name = payload[1:]
         if not name:
             raise pgqueue.InvalidArgument("--payload @FILE needs a file name after the @")
+        limit = PAYLOAD_FILE_FACTOR * max_payload_bytes
         try:
-            raw = Path(name).read_bytes().decode("utf-8")
+            with open(name, "rb") as handle:
+                data = handle.read(limit + 1)
+            raw = data.decode("utf-8")
         except OSError as exc:  # missing, a directory, no permission
             raise pgqueue.InvalidArgument(
                 f"cannot read payload file {name!r}: {exc.strerror or exc}"
             ) from None
         except UnicodeDecodeError as exc:
-            raise pgqueue.InvalidArgument(
-                f"cannot read payload file {name!r}: not UTF-8 text "
-                f"({exc.reason} at offset {exc.start})"
-            ) from None
+            if len(data) > limit:  # cut in the middle of a character: too long anyway
+                raw = ""
+            else:
+                raise pgqueue.InvalidArgument(
+                    f"cannot read payload file {name!r}: not UTF-8 text "
+                    f"({exc.reason} at offset {exc.start})"
+                ) from None
+        if len(data) > limit:
+            raise pgqueue.PayloadTooLarge(
+                f"payload file {name!r} is over {limit} bytes ({PAYLOAD_FILE_FACTOR} x the "
+                f"payload cap of {max_payload_bytes})"
+            )
     try:
         return json.loads(raw)
     except json.JSONDecodeError as exc:
         raise pgqueue.InvalidPayload(f"--payload is not JSON: {exc}") from None
+    except RecursionError:  # found by a tester: a traceback for a payload nested ~1,000 deep
+        raise pgqueue.InvalidPayload("--payload is nested too deeply to parse") from None
 
 
 @app.command()
@@ -79,9 +104,10 @@ def enqueue(
     int_in_range("--max-tokens", max_tokens, 1, _INT32_MAX)
     if (prompt is None) == (payload is None):
         raise pgqueue.InvalidArgument("give exactly one of --prompt TEXT or --payload JSON")
+    settings = _settings()
     body: Any
     if payload is not None:
-        body = _read_payload(payload)
+        body = _read_payload(payload, settings.max_payload_bytes)
     else:
         body = {
             "model": model,
@@ -92,7 +118,6 @@ def enqueue(
     lowered = origin.strip().lower()
     if lowered in {o.value for o in pgqueue.Origin}:
         origin = lowered
-    settings = _settings()
     with psycopg.connect(_dsn(settings, dsn)) as conn:
         job_id = pgqueue.enqueue(
             conn,

@@ -331,6 +331,41 @@ def test_an_unreadable_payload_file_is_one_line(db_dsn, tmp_path):
     assert _jobs(db_dsn) == 0
 
 
+def test_a_payload_file_too_long_or_too_deep_is_one_line(db_dsn, tmp_path, monkeypatch):
+    """Found by a tester: `--payload @/dev/zero` read until memory ran out (a MemoryError
+    traceback at 1.4 GB), and a payload nested ~1,000 deep printed a RecursionError traceback.
+    A file is read up to 4 x the payload cap; the nesting is an InvalidPayload."""
+    monkeypatch.setenv("PGQUEUE_MAX_PAYLOAD_BYTES", "1000")
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"d": ' + "[" * 1500 + "]" * 1500 + "}", encoding="utf-8")  # 3,007 bytes
+    long = tmp_path / "long.json"
+    long.write_text('{"a": "' + "x" * 4000 + '"}', encoding="utf-8")  # 4,009 bytes
+    fits = tmp_path / "spaces.json"
+    fits.write_text("{}" + " " * 3990, encoding="utf-8")  # 3,992 bytes: read, then stored
+    cases = [
+        (
+            "/dev/zero",
+            "PayloadTooLarge: payload file '/dev/zero' is over 4000 bytes (4 x the "
+            "payload cap of 1000)",
+        ),
+        (
+            str(long),
+            f"PayloadTooLarge: payload file {str(long)!r} is over 4000 bytes (4 x the "
+            "payload cap of 1000)",
+        ),
+        (str(deep), "InvalidPayload: --payload is nested too deeply to parse"),
+    ]
+    for name, line in cases:
+        result = run("enqueue", "acme", "--payload", f"@{name}", "--dsn", db_dsn)
+        assert result.exit_code == 2, (name, result.stderr)
+        assert _lines(result) == [line]
+    assert _jobs(db_dsn) == 0
+    result = run("enqueue", "acme", "--payload", f"@{fits}", "--kind", "pgqueue.noop",
+                 "--dsn", db_dsn)  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert _jobs(db_dsn) == 1
+
+
 def test_a_missing_database_is_the_environment(server_dsn, monkeypatch):
     """`pgqueue simulate` reported a database that does not exist as "invalid DSN or query",
     exit 2: the server's 3D000 from a statement (`CREATE DATABASE ... TEMPLATE` of a template

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
@@ -90,6 +93,29 @@ def test_sqlalchemy_session(db_dsn):
         assert c.execute("SELECT id, priority::text FROM pgqueue.jobs").fetchall() == [
             (job_id, "standard")
         ]
+
+
+def test_a_sync_session_works_without_greenlet(db_dsn):
+    """Found by a tester: SQLAlchemy 2.1 no longer installs greenlet, which its asyncio
+    extension needs; pgqueue imported both in one try, so without greenlet even a plain sync
+    Session was refused (InvalidArgument)."""
+    script = (
+        "import sys; sys.modules['greenlet'] = None\n"  # any import of greenlet now fails
+        "import psycopg, pgqueue\n"
+        "from sqlalchemy import create_engine\n"
+        "from sqlalchemy.orm import Session\n"
+        "engine = create_engine('postgresql+psycopg://',"
+        f" creator=lambda: psycopg.connect({db_dsn!r}))\n"
+        "with Session(engine) as s:\n"
+        "    pgqueue.enqueue(s, tenant_id='g', origin='user_action', payload={'model': 'm',"
+        " 'max_tokens': 8, 'messages': [{'role': 'user', 'content': 'hi'}]})\n"
+        "    s.commit()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert _count(db_dsn) == 1
 
 
 async def test_sqlalchemy_async_session(db_dsn):

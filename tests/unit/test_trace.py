@@ -11,6 +11,7 @@ from pgqueue.errors import InvalidArgument
 from pgqueue.models import Origin
 from pgqueue.trace import (
     CHARS_PER_TOKEN,
+    MAX_TRACE_TOKENS,
     SCHEDULED_SLAS_SECONDS,
     PlannedJob,
     TraceRequest,
@@ -298,3 +299,25 @@ def test_summarize_plan_totals(sample: list[TraceRequest]) -> None:
     assert summary["output_tokens"] == sum(t["output_tokens"] for t in summary["tenants"].values())
     assert summary["duration_seconds"] == pytest.approx(sample[-1].offset_seconds / 10.0)
     assert sum(t["share"] for t in summary["tenants"].values()) == pytest.approx(1.0)
+
+
+def test_an_unreadable_or_outsized_trace_is_an_invalid_argument(tmp_path: Path) -> None:
+    """Found by a tester: `pgqueue replay` on a file that is not UTF-8 printed a
+    UnicodeDecodeError traceback; a token count of 99,999,999,999 made it build a prompt of
+    400 GB (it ran until killed); a missing file was a raw FileNotFoundError."""
+    binary = tmp_path / "bin.csv"
+    binary.write_bytes(b"\xff\xfe{}")
+    huge = tmp_path / "huge.csv"
+    header = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    huge.write_text(header + "2023-11-16 18:15:46,1,1\n2023-11-16 18:15:47,99999999999,1\n")
+    edge = tmp_path / "edge.csv"
+    edge.write_text(header + f"2023-11-16 18:15:46,{MAX_TRACE_TOKENS},{MAX_TRACE_TOKENS}\n")
+    for path, fragment in (
+        (binary, "not UTF-8 text"),
+        (huge, "line 3: ContextTokens 99999999999 is over 10,000,000"),
+        (tmp_path / "missing.csv", "cannot read trace file .*: No such file or directory"),
+        (tmp_path, "cannot read trace file .*: Is a directory"),
+    ):
+        with pytest.raises(InvalidArgument, match=fragment):
+            load_trace(path)
+    assert [r.input_tokens for r in load_trace(edge)] == [MAX_TRACE_TOKENS]
