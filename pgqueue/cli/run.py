@@ -118,8 +118,13 @@ def metrics(
     int_in_range("--port", port, 1, 65535)
     int_in_range("--top-tenants", top_tenants, 1, _MAX_TENANTS)
     finite_in_range("--refresh-seconds", refresh_seconds, 0.0, _MAX_SECONDS)
+    # The database is read once before serving: unreachable, or without the schema, the
+    # command exits 1 as every other does (found by a tester: it served an empty queue).
     registry = database_registry(
-        _dsn(_settings(), dsn), refresh_seconds=refresh_seconds, top_tenants=top_tenants
+        _dsn(_settings(), dsn),
+        check=True,
+        refresh_seconds=refresh_seconds,
+        top_tenants=top_tenants,
     )
     server, _thread = start_http_server(port, addr=host, registry=registry)
     err_console.print(f"metrics on http://{host}:{port}/metrics", markup=False)

@@ -15,6 +15,7 @@ Per-tenant labels are capped (``top_tenants``, by traffic) with the rest summed 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -33,6 +34,8 @@ from prometheus_client.registry import Collector
 
 from pgqueue.db import queries
 from pgqueue.models import Deferred, Failed, Interrupted, Outcome, Succeeded, Throttled
+
+log = logging.getLogger(__name__)
 
 #: Latency buckets (seconds) that resolve the SLOs 2 s / 6 s / 120 s.
 LATENCY_BUCKETS_SECONDS = (
@@ -184,8 +187,10 @@ class DatabaseCollector(Collector):
 
     ``claude_request_latency_seconds`` is a histogram this collector accumulates from jobs as
     they finish (a cursor over ``finished_at``), so it is monotonic like any histogram; it
-    starts at the jobs finished after the collector's start. Raises nothing on a failed
-    refresh: the last values are served and ``pgqueue_exporter_errors`` counts it.
+    starts at the jobs finished after the collector's start. A failed refresh raises nothing:
+    the last values are served, ``pgqueue_exporter_up`` reads 0 until a refresh succeeds
+    again, ``pgqueue_exporter_errors`` counts it, and the first failure and the recovery are
+    logged (found by a tester: a database down looked like an empty, fair queue).
     """
 
     def __init__(self, dsn: str, *, refresh_seconds: float = 30.0, top_tenants: int = 20) -> None:
@@ -195,14 +200,20 @@ class DatabaseCollector(Collector):
         self._lock = threading.Lock()
         self._refreshed = float("-inf")
         self._errors = 0
+        self._up = False
         self._snapshot: dict[str, Any] = {}
         self._cursor: tuple[datetime, int] = (datetime.now(UTC), 0)
         self._buckets = {tier: [0] * len(LATENCY_BUCKETS_SECONDS) for tier in TIERS}
         self._counts = dict.fromkeys(TIERS, 0)
         self._sums = dict.fromkeys(TIERS, 0.0)
 
-    def refresh(self, *, force: bool = False) -> None:
-        """Read the database now if the cache is older than ``refresh_seconds``."""
+    def refresh(self, *, force: bool = False, raise_errors: bool = False) -> None:
+        """Read the database now if the cache is older than ``refresh_seconds``.
+
+        Raises:
+            psycopg.Error: only with ``raise_errors`` (``pgqueue metrics`` checks the database
+                once before it serves), when the database cannot be read.
+        """
         with self._lock:
             if not force and time.monotonic() - self._refreshed < self._refresh_seconds:
                 return
@@ -210,9 +221,18 @@ class DatabaseCollector(Collector):
                 with psycopg.connect(self._dsn, autocommit=True) as conn:
                     self._snapshot = self._read(conn)
                     self._read_latencies(conn)
-                self._refreshed = time.monotonic()
-            except psycopg.Error:
+            except psycopg.Error as exc:
                 self._errors += 1
+                if self._up:
+                    log.warning("cannot read the database; serving the last values: %s", exc)
+                self._up = False
+                if raise_errors:
+                    raise
+                return
+            if not self._up and self._errors:
+                log.warning("the database can be read again")
+            self._up = True
+            self._refreshed = time.monotonic()
 
     def _read(self, conn: psycopg.Connection[Any]) -> dict[str, Any]:
         depth = {r["tier"]: float(r["queued"]) for r in queries.run(conn, "metrics_queue_depth")}
@@ -334,10 +354,23 @@ class DatabaseCollector(Collector):
         yield CounterMetricFamily(
             "pgqueue_exporter_errors", "Failed database refreshes.", value=float(self._errors)
         )
+        yield GaugeMetricFamily(
+            "pgqueue_exporter_up",
+            "1 when the last database refresh succeeded; 0: the other series hold old values.",
+            value=1.0 if self._up else 0.0,
+        )
 
 
-def database_registry(dsn: str, **options: Any) -> CollectorRegistry:
-    """A registry holding one :class:`DatabaseCollector` for ``dsn``."""
+def database_registry(dsn: str, *, check: bool = False, **options: Any) -> CollectorRegistry:
+    """A registry holding one :class:`DatabaseCollector` for ``dsn``.
+
+    Raises:
+        psycopg.Error: with ``check``, when the database cannot be read now (unreachable, or
+            no pgqueue schema).
+    """
+    collector = DatabaseCollector(dsn, **options)
+    if check:
+        collector.refresh(force=True, raise_errors=True)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(DatabaseCollector(dsn, **options))
+    registry.register(collector)
     return registry

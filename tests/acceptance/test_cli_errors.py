@@ -42,6 +42,7 @@ def _jobs(dsn: str) -> int:
         ["tenants", "list"],
         ["enqueue", "a", "--prompt", "x"],
         ["retry", "--all"],
+        ["metrics", "--port", "19471"],  # found by a tester: it served an empty queue
     ],
 )
 def test_unreachable_database(command):
@@ -63,6 +64,7 @@ def test_malformed_dsn():
         ["tenants", "list"],
         ["retry", "--all"],
         ["enqueue", "a", "--prompt", "x"],
+        ["metrics", "--port", "19472"],
     ],
 )
 def test_schema_missing(empty_db_dsn, command):

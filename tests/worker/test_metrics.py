@@ -151,3 +151,16 @@ def test_tenant_labels_are_capped(db_dsn):
     labels = {s.labels["tenant_id"] for s in samples}
     assert labels == {"t30", "t29", "t28", "t27", "t26", "other"}
     assert sum(s.value for s in samples) == sum(g * 100 for g in range(1, 31))
+
+
+def test_the_exporter_says_when_it_cannot_read_the_database(db_dsn):
+    """Found by a tester: with the database down, /metrics answered queue depth 0 and
+    fairness 1.0, and nothing said the values were not read. pgqueue_exporter_up says it."""
+    families = scrape(database_registry(db_dsn, refresh_seconds=0))
+    assert value(families["pgqueue_exporter_up"], "pgqueue_exporter_up") == 1.0
+    down = "postgresql://nobody@127.0.0.1:1/postgres"
+    families = scrape(database_registry(down, refresh_seconds=0))
+    assert value(families["pgqueue_exporter_up"], "pgqueue_exporter_up") == 0.0
+    assert value(families["pgqueue_exporter_errors"], "pgqueue_exporter_errors_total") >= 1.0
+    with pytest.raises(psycopg.OperationalError):
+        database_registry(down, check=True)
