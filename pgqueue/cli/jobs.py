@@ -160,6 +160,9 @@ def retry(
         raise InvalidArgument(
             "give a filter (--tenant, --tier, --reason, --since, --until) or --all"
         )
+    if reason is not None and not reason.strip():
+        # found by a tester: '' matched every failed job, past the "a filter or --all" guard
+        raise InvalidArgument("--reason must not be empty (use --all to re-queue every job)")
     if tenant is not None:
         check_tenant_id(tenant)  # '' matched no job and said "re-queued 0"; cancel refuses it
     if tier is not None:

@@ -135,6 +135,27 @@ def metrics(
     server.shutdown()
 
 
+def _check_can_listen(host: str, port: int) -> None:
+    """Raise :class:`InvalidArgument` unless a server can listen on ``host``:``port`` now.
+
+    Found by a tester: with the port taken, or a host that does not resolve, the sandbox
+    printed its address, then uvicorn's error, and exited 3.
+    """
+    import socket
+
+    from pgqueue.errors import InvalidArgument
+
+    try:
+        family, kind, proto, _name, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+            probe.bind(address)
+    except OSError as exc:  # socket.gaierror is one
+        raise InvalidArgument(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
 @app.command()
 @cli_errors
 def sandbox(
@@ -187,6 +208,7 @@ def sandbox(
         )
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
+    _check_can_listen(host, port)
     err_console.print(
         f"sandbox on http://{host}:{port} — export ANTHROPIC_BASE_URL=http://{host}:{port}",
         markup=False,

@@ -196,7 +196,8 @@ def render_status(status: dict[str, Any], console: Console) -> None:
     _render_demotions(status, console)
     throttled = status["throttles_last_minute"]
     total = sum(throttled.values())
-    console.print(  # markup=False: the dict holds tenant ids
-        f"429/529 in the last minute: {total}" + (f" {throttled}" if throttled else ""),
+    by_tenant = ", ".join(f"{tenant} {n}" for tenant, n in sorted(throttled.items()))
+    console.print(  # markup=False: tenant ids are shown as they are
+        f"429/529 in the last minute: {total}" + (f" ({by_tenant})" if by_tenant else ""),
         markup=False,
     )

@@ -4,6 +4,7 @@ never a traceback; and nothing stored changes."""
 from __future__ import annotations
 
 import inspect
+import socket
 
 import psycopg
 import pytest
@@ -129,6 +130,15 @@ def test_origin_in_any_case(db_dsn):
 def test_option_ranges(db_dsn):
     assert run("demo", "--speedup", "0").exit_code == 2
     assert run("sandbox", "--port", "99999").exit_code == 2
+    with socket.socket() as taken:  # found by a tester: uvicorn's error, then exit 3
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = run("sandbox", "--port", port)
+        assert result.exit_code == 2
+        assert _lines(result) == [
+            f"InvalidArgument: cannot listen on 127.0.0.1:{port}: Address already in use"
+        ]
     assert run("tenants", "list", "--limit", "-1", "--dsn", db_dsn).exit_code == 2
     assert run("tenants", "set", "x", "--quantum", "inf", "--dsn", db_dsn).exit_code == 2
     assert (
@@ -140,6 +150,10 @@ def test_option_ranges(db_dsn):
     assert run("tenants", "set", "x", "--plan", "p\x01", "--dsn", db_dsn).exit_code == 2
     assert run("work", "--concurrency", "0", "--dsn", db_dsn).exit_code == 2
     assert run("retry", "--dsn", db_dsn).exit_code == 2  # no filter and no --all
+    for empty in ("", "  "):  # found by a tester: '' matched every failed job
+        result = run("retry", "--reason", empty, "--dsn", db_dsn)
+        assert result.exit_code == 2
+        assert "--reason must not be empty" in result.stderr
     with psycopg.connect(db_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM pgqueue.tenants").fetchone()[0] == 0
 
@@ -644,7 +658,7 @@ def test_stored_names_are_shown_as_they_are(db_dsn, monkeypatch):
             assert name in result.stdout, (command, name, result.stdout)
         if command[0] == "status":
             assert "[red]over budget[/x]" in result.stdout, command
-            assert "{'[bold]x[/bold]': 1}" in result.stdout, command
+            assert "([bold]x[/bold] 1)" in result.stdout, command
 
 
 def test_arguments_that_are_not_utf8_are_one_line(monkeypatch):
