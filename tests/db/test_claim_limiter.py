@@ -128,3 +128,45 @@ def test_a_stop_at_a_later_job_takes_the_jobs_before_it_then_passes_over_its_mod
             " GROUP BY 1, 2"
         ).fetchall()
         assert queued == [("t0", "m", 2)]
+
+
+def _solo(conn: Conn, jobs: list[str | None]) -> None:
+    """One tenant with a quantum that covers every job in one turn, its jobs in this order:
+    a model's name for a Messages API job of that model, None for a no-op job."""
+    conn.execute("INSERT INTO pgqueue.tenants (tenant_id, quantum) VALUES ('solo', 100)")
+    for model in jobs:
+        if model is None:
+            pgqueue.enqueue(conn, tenant_id="solo", origin="user_action", payload={}, kind=NOOP)
+        else:
+            pgqueue.enqueue(conn, tenant_id="solo", origin="user_action", payload=_payload(model))
+
+
+def test_many_models_in_cooldown_ahead_cost_one_more_dispatch_not_the_claim(db_dsn):
+    """Found by a fresh tester: with at most eight dispatches per claim, one model set aside
+    each, eight models in cooldown ahead in the round left every claim empty. A stop now sets
+    aside every model in cooldown."""
+    with psycopg.connect(db_dsn) as c:
+        _solo(c, [f"m{i}" for i in range(12)] + [None] * 3)
+        for i in range(12):
+            c.execute("SELECT pgqueue.ratelimit_cooldown(%s, 120)", (f"m{i}",))
+    with psycopg.connect(db_dsn) as c:
+        c.execute("SET track_functions = 'all'")
+        rows = _claim(c, 3)  # in this transaction, to read its own function counts
+        assert _jobs(rows) == [("solo", None)] * 3
+        calls = c.execute(
+            "SELECT calls FROM pg_stat_xact_user_functions WHERE funcname = 'drr_dispatch'"
+        ).fetchall()
+        assert calls == [(2,)]  # the stop, then one dispatch with all twelve set aside
+
+
+def test_models_whose_buckets_are_spent_each_cost_the_claim_two_dispatches_at_most(db_dsn):
+    """Found by a fresh tester: four models stopping later jobs used up a fixed bound of
+    eight dispatches, and the claim took 4 of the 10 no-op jobs due."""
+    with psycopg.connect(db_dsn) as c:
+        _solo(c, [None, "q1", None, "q2", None, "q3", None, "q4"] + [None] * 6)
+        for model in ("q1", "q2", "q3", "q4"):
+            allow_requests(c, model, 0)
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        rows = _claim(c, 10)
+        assert _jobs(rows) == [("solo", None)] * 10
+        assert _blocked(rows) == []

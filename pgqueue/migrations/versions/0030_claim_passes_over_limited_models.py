@@ -18,9 +18,11 @@ dispatched again and taken as before, then the rest of the claim with that model
 The claim still ends with one row carrying ``blocked_seconds`` (the shortest wait of the models
 it set aside) when it took fewer jobs than asked.
 
-A dispatch with models set aside that takes nothing is undone. So when every due job waits for
-the same model (one model in use, the usual case), a claim leaves the round as it was, as it
-did before, and only costs a second dispatch. A claim runs at most eight dispatches.
+When the limiter stops a job, every other model in cooldown (after a 429) goes aside with its
+model. A dispatch with models set aside that takes nothing is undone: when every due job waits for the same model (one model in
+use, the usual case), a claim leaves the round as it was, as it did before. Each model a claim
+sets aside costs it at most two dispatches (found by a fresh tester: with a fixed bound of
+eight, eight models in cooldown ahead in the round left every claim empty).
 
 ``pgqueue.claim_order`` still shows the order without the limiter. ``drr_dispatch`` is
 revision 0028's text, edited here, not copied; ``claim_admitted`` is new text (revision
@@ -86,8 +88,10 @@ DECLARE
     j pgqueue.jobs;
     want integer;
     prefix integer;                -- after a stop at a later job: that many jobs again first
-    pending text;                  -- the model set aside once the prefix is taken
+    pending text[] := '{}';        -- models set aside once the prefix is taken
     aside text[] := '{}';          -- models whose jobs this claim passes over
+    stopping text[];               -- the models a stop sets aside
+    cooling double precision;      -- the shortest cooldown left of the others in cooldown
     wait double precision;
     soonest double precision;      -- the shortest wait of the models set aside
     blocked_at integer;
@@ -102,7 +106,10 @@ BEGIN
     PERFORM pg_advisory_xact_lock(7310575183440224370);
     LOOP
         want := coalesce(prefix, max_jobs - cardinality(taken));
-        EXIT WHEN want <= 0 OR tries >= 8;
+        -- A dispatch stopped by the limiter sets one more model aside, and each model costs
+        -- at most two dispatches (the jobs before its stop, then the rest without it); the
+        -- absolute bound only guards against a limiter changed under the claim.
+        EXIT WHEN want <= 0 OR tries >= least(2 * cardinality(aside || pending) + 2, 64);
         tries := tries + 1;
         blocked_at := NULL;
         PERFORM set_config('pgqueue.claim_skip_models', aside::text, true);
@@ -132,18 +139,31 @@ BEGIN
             taken := taken || got;
             EXIT WHEN prefix IS NULL;  -- took what is due and can be sent
             -- The jobs before the stopped one are taken; the rest of the claim passes over
-            -- its model.
+            -- the models that stopped it.
             prefix := NULL;
             aside := aside || pending;
+            pending := '{}';
             CONTINUE;
         END IF;
-        soonest := least(soonest, wait);
+        -- The stopped job's model goes aside, and with it every other model in cooldown
+        -- now: they would stop the claim too, one dispatch each (found by a fresh tester:
+        -- with a fixed number of dispatches, eight models in cooldown ahead in the round left
+        -- every claim empty).
+        SELECT coalesce(array_agg(r.model), '{}'),
+               min(extract(epoch FROM r.cooldown_until - now()))::double precision
+        INTO stopping, cooling
+        FROM pgqueue.rate_limits r
+        WHERE r.cooldown_until > now() AND r.model <> blocked_model
+          AND r.model <> ALL (aside) AND r.model <> ALL (pending);
+        stopping := blocked_model || stopping;
+        soonest := least(soonest, wait, cooling);
         IF blocked_at > 1 THEN
             prefix := blocked_at - 1;
-            pending := blocked_model;
+            pending := pending || stopping;
         ELSE
             prefix := NULL;
-            aside := aside || blocked_model;
+            aside := aside || pending || stopping;
+            pending := '{}';
         END IF;
     END LOOP;
     PERFORM set_config('pgqueue.claim_skip_models', '', true);
