@@ -159,14 +159,36 @@ def test_many_models_in_cooldown_ahead_cost_one_more_dispatch_not_the_claim(db_d
         assert calls == [(2,)]  # the stop, then one dispatch with all twelve set aside
 
 
-def test_models_whose_buckets_are_spent_each_cost_the_claim_two_dispatches_at_most(db_dsn):
-    """Found by a fresh tester: four models stopping later jobs used up a fixed bound of
-    eight dispatches, and the claim took 4 of the 10 no-op jobs due."""
+def test_a_tenant_stopped_twice_waits_for_its_next_turn_and_the_others_go_on(db_dsn):
+    """Found by fresh testers: with a fixed bound on dispatches and one model set aside per
+    stop, four models with spent buckets cut a claim short, and one tenant's jobs on 70 such
+    models left every claim empty. A tenant stopped a second time is now set aside."""
     with psycopg.connect(db_dsn) as c:
-        _solo(c, [None, "q1", None, "q2", None, "q3", None, "q4"] + [None] * 6)
-        for model in ("q1", "q2", "q3", "q4"):
+        _solo(c, [None, "q1", None, "q2", None, "q3"] + [None] * 6)
+        for model in ("q1", "q2", "q3"):
             allow_requests(c, model, 0)
+        pgqueue.enqueue_many(c, [JobSpec("other", "user_action", {}, kind=NOOP)] * 12)
     with psycopg.connect(db_dsn, autocommit=True) as c:
         rows = _claim(c, 10)
-        assert _jobs(rows) == [("solo", None)] * 10
-        assert _blocked(rows) == []
+        assert _blocked(rows) == []  # ten asked, ten taken
+        taken = _jobs(rows)
+        assert taken.count(("solo", None)) == 2  # the no-op jobs before q1 and before q2
+        assert taken.count(("other", None)) == 8
+
+
+def test_one_tenants_jobs_on_many_spent_models_do_not_empty_the_claims(db_dsn):
+    """The flooding tenant's jobs are critical, the other's batch: every dispatch starts
+    with a job the limiter stops."""
+    with psycopg.connect(db_dsn) as c:
+        for i in range(70):  # more than the 64 dispatches a claim may run
+            allow_requests(c, f"spent{i}", 0)
+        pgqueue.enqueue_many(
+            c,
+            [JobSpec("flood", "user_action", _payload(f"spent{i}")) for i in range(70)]
+            + [JobSpec("b", "batch_job", {}, kind=NOOP)] * 30,
+        )
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        for _ in range(3):
+            c.execute("UPDATE pgqueue.deficits SET due_at = now() WHERE pos IS NULL")
+            rows = _claim(c, 10)
+            assert _jobs(rows) == [("b", None)] * 10

@@ -10,19 +10,24 @@ eligible job exists" (found by a fresh tester: a cooldown of 120 s on one model 
 of another model and no-op jobs queued).
 
 Now the claim sets that job's model aside and dispatches again. ``drr_dispatch`` passes over
-the queued jobs of the models named in the transaction's ``pgqueue.claim_skip_models`` setting
-(a ``text[]`` literal; ``claim_admitted`` sets it and clears it before it returns) as it passes
-over jobs that other transactions hold: a pair with nothing else due leaves the round, to be
-looked at again a second later. When the limiter stops a later job, the jobs before it are
-dispatched again and taken as before, then the rest of the claim with that model set aside.
-The claim still ends with one row carrying ``blocked_seconds`` (the shortest wait of the models
-it set aside) when it took fewer jobs than asked.
+the queued jobs of the models (and tenants) named in the transaction's
+``pgqueue.claim_skip_models`` and ``pgqueue.claim_skip_tenants`` settings (``text[]``
+literals; ``claim_admitted`` sets them and clears them before it returns) as it passes over
+jobs that other transactions hold: a pair with nothing else due leaves the round, to be looked
+at again a second later. When the limiter stops a later job, the jobs before it are dispatched
+again and taken as before, then the rest of the claim with that model set aside. Every other
+model in cooldown (after a 429) goes aside with the first. A tenant stopped a second time in
+a claim goes aside too: its next job waits for its next turn. The claim still ends with one
+row carrying ``blocked_seconds`` (the shortest wait of the models it set aside) when it took
+fewer jobs than asked.
 
-When the limiter stops a job, every other model in cooldown (after a 429) goes aside with its
-model. A dispatch with models set aside that takes nothing is undone: when every due job waits for the same model (one model in
-use, the usual case), a claim leaves the round as it was, as it did before. Each model a claim
-sets aside costs it at most two dispatches (found by a fresh tester: with a fixed bound of
-eight, eight models in cooldown ahead in the round left every claim empty).
+A dispatch with models set aside that takes nothing is undone: when every due job waits for
+the same model (one model in use, the usual case), a claim leaves the round as it was, as it
+did before. Each stop costs a claim at most two dispatches, and no tenant stops a claim more
+than twice, however many models its jobs name (found by fresh testers: my first bound of eight
+dispatches, one model set aside each, left every claim empty with eight models in cooldown
+ahead in the round; a bound of 64 did with one tenant's jobs on 70 models whose buckets were
+spent).
 
 ``pgqueue.claim_order`` still shows the order without the limiter. ``drr_dispatch`` is
 revision 0028's text, edited here, not copied; ``claim_admitted`` is new text (revision
@@ -56,23 +61,29 @@ _DECLARE_ASIDE = """\
     -- (set by pgqueue.claim_admitted; revision 0030)
     aside constant text[] := coalesce(nullif(current_setting('pgqueue.claim_skip_models', true),
                                              ''), '{}')::text[];
+    -- and the tenants whose job the limiter stopped, all of whose jobs it passes over
+    aside_tenants constant text[] := coalesce(
+        nullif(current_setting('pgqueue.claim_skip_tenants', true), ''), '{}')::text[];
 """
 # Every statement that looks for due jobs (the nine of them) reads only jobs it may send.
 _DUE = "j.state = 'queued' AND j.run_at <= now()"
 _DUE_SENDABLE = (
-    "j.state = 'queued' AND j.run_at <= now() AND pgqueue.job_sendable(j.kind, j.model, aside)"
+    "j.state = 'queued' AND j.run_at <= now()"
+    " AND pgqueue.job_sendable(j.tenant_id, j.kind, j.model, aside_tenants, aside)"
 )
 _DUE_STATEMENTS = 9
 
 SENDABLE = """\
-CREATE OR REPLACE FUNCTION pgqueue.job_sendable(kind text, model text, aside text[])
+CREATE OR REPLACE FUNCTION pgqueue.job_sendable(tenant_id text, kind text, model text,
+                                                aside_tenants text[], aside text[])
 RETURNS boolean
 LANGUAGE sql
 IMMUTABLE PARALLEL SAFE
 AS $$
-    -- Whether a claim may take a job of this kind and model now: only Messages API jobs of a
-    -- model set aside are held back (inlined into the dispatch's statements).
-    SELECT kind <> 'anthropic.messages' OR model IS NULL OR model <> ALL (aside)
+    -- Whether a claim may take this job now: not a job of a tenant set aside, nor a Messages
+    -- API job of a model set aside (inlined into the dispatch's statements).
+    SELECT tenant_id <> ALL (aside_tenants)
+           AND (kind <> 'anthropic.messages' OR model IS NULL OR model <> ALL (aside))
 $$;
 """
 
@@ -90,12 +101,17 @@ DECLARE
     prefix integer;                -- after a stop at a later job: that many jobs again first
     pending text[] := '{}';        -- models set aside once the prefix is taken
     aside text[] := '{}';          -- models whose jobs this claim passes over
+    aside_tenants text[] := '{}';  -- tenants whose jobs it passes over
+    pending_tenants text[] := '{}';
+    stopped text[] := '{}';        -- tenants whose job the limiter stopped once
+    stops integer := 0;
     stopping text[];               -- the models a stop sets aside
     cooling double precision;      -- the shortest cooldown left of the others in cooldown
     wait double precision;
     soonest double precision;      -- the shortest wait of the models set aside
     blocked_at integer;
     blocked_model text;
+    blocked_tenant text;
     tries integer := 0;
 BEGIN
     -- The scheduler's lock, held to commit, so that the redo sees the same state. The claim's
@@ -106,13 +122,13 @@ BEGIN
     PERFORM pg_advisory_xact_lock(7310575183440224370);
     LOOP
         want := coalesce(prefix, max_jobs - cardinality(taken));
-        -- A dispatch stopped by the limiter sets one more model aside, and each model costs
-        -- at most two dispatches (the jobs before its stop, then the rest without it); the
-        -- absolute bound only guards against a limiter changed under the claim.
-        EXIT WHEN want <= 0 OR tries >= least(2 * cardinality(aside || pending) + 2, 64);
+        -- A stop costs at most two dispatches (the jobs before it, then the rest without its
+        -- model); the absolute bound only guards against a limiter changed under the claim.
+        EXIT WHEN want <= 0 OR tries >= least(2 * stops + 2, 64);
         tries := tries + 1;
         blocked_at := NULL;
         PERFORM set_config('pgqueue.claim_skip_models', aside::text, true);
+        PERFORM set_config('pgqueue.claim_skip_tenants', aside_tenants::text, true);
         BEGIN
             got := ARRAY(SELECT d.claimed
                           FROM pgqueue.drr_dispatch(want, worker_id, lease_seconds) d);
@@ -124,10 +140,11 @@ BEGIN
                 IF wait > 0 AND wait < 'Infinity'::double precision THEN
                     blocked_at := i;
                     blocked_model := j.model;
+                    blocked_tenant := j.tenant_id;
                     RAISE EXCEPTION 'rate limited' USING ERRCODE = 'PQ901';
                 END IF;
             END LOOP;
-            IF cardinality(got) = 0 AND cardinality(aside) > 0 THEN
+            IF cardinality(got) = 0 AND cardinality(aside || aside_tenants) > 0 THEN
                 -- Nothing else is due: what passing over those models changed (pairs that
                 -- left the round) is undone, and the round stays as it was.
                 RAISE EXCEPTION 'nothing else due' USING ERRCODE = 'PQ902';
@@ -142,13 +159,19 @@ BEGIN
             -- the models that stopped it.
             prefix := NULL;
             aside := aside || pending;
+            aside_tenants := aside_tenants || pending_tenants;
             pending := '{}';
+            pending_tenants := '{}';
             CONTINUE;
         END IF;
-        -- The stopped job's model goes aside, and with it every other model in cooldown
-        -- now: they would stop the claim too, one dispatch each (found by a fresh tester:
-        -- with a fixed number of dispatches, eight models in cooldown ahead in the round left
-        -- every claim empty).
+        -- The stopped job's model goes aside, and with it every other model in cooldown now:
+        -- they would stop the claim too, one dispatch each. A tenant stopped a second time
+        -- goes aside too (its next job waits for its next turn), so no tenant stops a claim
+        -- more than twice, however many models its jobs name (found by fresh testers: a bound
+        -- on dispatches that one model per stop used up left every claim empty, with eight
+        -- models in cooldown ahead in the round, or one tenant's jobs on 70 models whose
+        -- buckets were spent).
+        stops := stops + 1;
         SELECT coalesce(array_agg(r.model), '{}'),
                min(extract(epoch FROM r.cooldown_until - now()))::double precision
         INTO stopping, cooling
@@ -157,16 +180,24 @@ BEGIN
           AND r.model <> ALL (aside) AND r.model <> ALL (pending);
         stopping := blocked_model || stopping;
         soonest := least(soonest, wait, cooling);
+        IF blocked_tenant = ANY (stopped) THEN
+            pending_tenants := pending_tenants || blocked_tenant;
+        ELSE
+            stopped := stopped || blocked_tenant;
+        END IF;
+        pending := pending || stopping;
         IF blocked_at > 1 THEN
             prefix := blocked_at - 1;
-            pending := pending || stopping;
         ELSE
             prefix := NULL;
-            aside := aside || pending || stopping;
+            aside := aside || pending;
+            aside_tenants := aside_tenants || pending_tenants;
             pending := '{}';
+            pending_tenants := '{}';
         END IF;
     END LOOP;
     PERFORM set_config('pgqueue.claim_skip_models', '', true);
+    PERFORM set_config('pgqueue.claim_skip_tenants', '', true);
     RETURN QUERY SELECT g, NULL::double precision FROM unnest(taken) AS g;
     IF soonest IS NOT NULL AND cardinality(taken) < max_jobs THEN
         RETURN QUERY SELECT NULL::pgqueue.jobs, soonest;
@@ -211,4 +242,4 @@ def downgrade() -> None:
     op.execute(_revision("0028_idle_turns_in_memory.py").dispatch())
     for statement in _dispatch_settings():
         op.execute(statement)
-    op.execute("DROP FUNCTION pgqueue.job_sendable(text, text, text[])")
+    op.execute("DROP FUNCTION pgqueue.job_sendable(text, text, text, text[], text[])")
