@@ -47,7 +47,11 @@ def requeue_failed(
         {
             "tenant_id": tenant_id,
             "tier": tier_value,
-            "reason": reason,
+            # a substring, literally: % and _ are not wildcards (found by a tester: `--reason
+            # '%'` re-queued every failed job); backslash is LIKE's escape character
+            "reason": None
+            if reason is None
+            else reason.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_"),
             "since": since,
             "until": until,
         },

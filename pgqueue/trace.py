@@ -18,12 +18,12 @@ import csv
 import io
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from pgqueue.errors import InvalidArgument
 from pgqueue.models import Origin
@@ -146,21 +146,24 @@ def load_trace(
 
     if path is None:
         source = resources.files("pgqueue.data").joinpath(BUNDLED_TRACE)
-        text = source.read_text(encoding="utf-8-sig")
         name = f"bundled {BUNDLED_TRACE}"
+        rows = _parse_rows(io.StringIO(source.read_text(encoding="utf-8-sig"), newline=""), name)
     else:
         name = str(path)
         try:
-            text = Path(path).read_text(encoding="utf-8-sig")
+            # read as it is parsed (found by a tester: /dev/zero was read whole, 8 GB and on)
+            with open(path, encoding="utf-8-sig", newline="") as stream:
+                rows = _parse_rows(_bounded_lines(stream, name), name)
         except UnicodeDecodeError as exc:  # found by a tester: a traceback
             raise InvalidArgument(
                 f"{name}: not UTF-8 text ({exc.reason} at offset {exc.start})"
             ) from None
+        except csv.Error as exc:  # a NUL byte, a field over csv's size limit
+            raise InvalidArgument(f"{name}: not a trace CSV: {exc}") from None
         except OSError as exc:  # missing, a directory, no permission
             raise InvalidArgument(
                 f"cannot read trace file {name!r}: {exc.strerror or exc}"
             ) from None
-    rows = _parse_rows(io.StringIO(text, newline=""), name)
 
     if not rows:
         return []
@@ -183,6 +186,27 @@ def load_trace(
             )
         )
     return selected
+
+
+#: The longest line a trace file may have, characters (a row of three columns is ~60).
+MAX_TRACE_LINE_CHARS = 65_536
+
+
+def _bounded_lines(stream: IO[str], name: str) -> Iterator[str]:
+    """The lines of ``stream``, each read with a bound (a file without line breaks, such as
+    /dev/zero, is refused instead of read whole).
+
+    Raises:
+        InvalidArgument: a line longer than :data:`MAX_TRACE_LINE_CHARS`.
+    """
+    number = 0
+    while line := stream.readline(MAX_TRACE_LINE_CHARS + 1):
+        number += 1
+        if len(line) > MAX_TRACE_LINE_CHARS:
+            raise InvalidArgument(
+                f"{name}: line {number} is longer than {MAX_TRACE_LINE_CHARS:,} characters"
+            )
+        yield line
 
 
 def _parse_rows(stream: Iterable[str], name: str) -> list[tuple[datetime, int, int]]:

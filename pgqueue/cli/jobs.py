@@ -26,6 +26,29 @@ from pgqueue.cli import (
 #: whitespace than the stored form): found by a tester, ``--payload @/dev/zero`` read until
 #: the machine ran out of memory.
 PAYLOAD_FILE_FACTOR = 4
+#: ... and never more than this (a jsonb value holds at most 255 MB): found by a tester, a cap
+#: set to 1e11 made every file read reserve 400 GB.
+PAYLOAD_FILE_MAX_BYTES = 1 << 30
+_READ_CHUNK_BYTES = 1 << 20
+
+
+def _read_at_most(name: str, size: int) -> bytes:
+    """The first ``size`` bytes of file ``name`` (fewer if it is shorter), read in chunks so
+    that nothing is reserved for bytes the file does not have.
+
+    Raises:
+        OSError: the file cannot be opened or read.
+    """
+    parts: list[bytes] = []
+    left = size
+    with open(name, "rb") as handle:
+        while left > 0:
+            chunk = handle.read(min(left, _READ_CHUNK_BYTES))
+            if not chunk:
+                break
+            parts.append(chunk)
+            left -= len(chunk)
+    return b"".join(parts)
 
 
 def _read_payload(payload: str, max_payload_bytes: int) -> Any:
@@ -44,10 +67,9 @@ def _read_payload(payload: str, max_payload_bytes: int) -> Any:
         name = payload[1:]
         if not name:
             raise pgqueue.InvalidArgument("--payload @FILE needs a file name after the @")
-        limit = PAYLOAD_FILE_FACTOR * max_payload_bytes
+        limit = min(PAYLOAD_FILE_FACTOR * max_payload_bytes, PAYLOAD_FILE_MAX_BYTES)
         try:
-            with open(name, "rb") as handle:
-                data = handle.read(limit + 1)
+            data = _read_at_most(name, limit + 1)
             raw = data.decode("utf-8")
         except OSError as exc:  # missing, a directory, no permission
             raise pgqueue.InvalidArgument(
@@ -64,7 +86,7 @@ def _read_payload(payload: str, max_payload_bytes: int) -> Any:
         if len(data) > limit:
             raise pgqueue.PayloadTooLarge(
                 f"payload file {name!r} is over {limit} bytes ({PAYLOAD_FILE_FACTOR} x the "
-                f"payload cap of {max_payload_bytes})"
+                f"payload cap of {max_payload_bytes}, at most {PAYLOAD_FILE_MAX_BYTES})"
             )
     try:
         return json.loads(raw)

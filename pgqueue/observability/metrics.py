@@ -181,6 +181,10 @@ def _cap(values: dict[str, float], top: int) -> dict[str, float]:
     return kept
 
 
+#: How long the exporter waits to connect and for each statement of a refresh, seconds.
+EXPORTER_TIMEOUT_SECONDS = 10.0
+
+
 class DatabaseCollector(Collector):
     """Collects the six ``claude_*`` series from the database, at most every
     ``refresh_seconds`` (default 30 s: a scrape in between serves the cached values).
@@ -193,8 +197,16 @@ class DatabaseCollector(Collector):
     logged (found by a tester: a database down looked like an empty, fair queue).
     """
 
-    def __init__(self, dsn: str, *, refresh_seconds: float = 30.0, top_tenants: int = 20) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        refresh_seconds: float = 30.0,
+        top_tenants: int = 20,
+        timeout_seconds: float = EXPORTER_TIMEOUT_SECONDS,
+    ) -> None:
         self._dsn = dsn
+        self._timeout = timeout_seconds
         self._refresh_seconds = refresh_seconds
         self._top = top_tenants
         self._lock = threading.Lock()
@@ -218,7 +230,15 @@ class DatabaseCollector(Collector):
             if not force and time.monotonic() - self._refreshed < self._refresh_seconds:
                 return
             try:
-                with psycopg.connect(self._dsn, autocommit=True) as conn:
+                with psycopg.connect(
+                    self._dsn, autocommit=True, connect_timeout=max(1, round(self._timeout))
+                ) as conn:
+                    # a held lock or a stuck server fails the refresh instead of the scrape
+                    # hanging (found by a tester: 30 s and more, reported as up)
+                    conn.execute(
+                        "SELECT set_config('statement_timeout', %s, false)",
+                        (f"{round(self._timeout * 1000)}ms",),
+                    )
                     self._snapshot = self._read(conn)
                     self._read_latencies(conn)
             except psycopg.Error as exc:

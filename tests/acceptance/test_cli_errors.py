@@ -351,6 +351,12 @@ def test_a_payload_file_too_long_or_too_deep_is_one_line(db_dsn, tmp_path, monke
     """Found by a tester: `--payload @/dev/zero` read until memory ran out (a MemoryError
     traceback at 1.4 GB), and a payload nested ~1,000 deep printed a RecursionError traceback.
     A file is read up to 4 x the payload cap; the nesting is an InvalidPayload."""
+    monkeypatch.setenv("PGQUEUE_MAX_PAYLOAD_BYTES", "100000000000")  # a tester: MemoryError
+    small = tmp_path / "small.json"
+    small.write_text("{}", encoding="utf-8")
+    result = run("enqueue", "acme", "--payload", f"@{small}", "--kind", "pgqueue.noop",
+                 "--dsn", db_dsn)  # fmt: skip
+    assert result.exit_code == 0, result.stderr  # read without reserving 400 GB first
     monkeypatch.setenv("PGQUEUE_MAX_PAYLOAD_BYTES", "1000")
     deep = tmp_path / "deep.json"
     deep.write_text('{"d": ' + "[" * 1500 + "]" * 1500 + "}", encoding="utf-8")  # 3,007 bytes
@@ -362,12 +368,12 @@ def test_a_payload_file_too_long_or_too_deep_is_one_line(db_dsn, tmp_path, monke
         (
             "/dev/zero",
             "PayloadTooLarge: payload file '/dev/zero' is over 4000 bytes (4 x the "
-            "payload cap of 1000)",
+            "payload cap of 1000, at most 1073741824)",
         ),
         (
             str(long),
             f"PayloadTooLarge: payload file {str(long)!r} is over 4000 bytes (4 x the "
-            "payload cap of 1000)",
+            "payload cap of 1000, at most 1073741824)",
         ),
         (str(deep), "InvalidPayload: --payload is nested too deeply to parse"),
     ]
@@ -375,11 +381,11 @@ def test_a_payload_file_too_long_or_too_deep_is_one_line(db_dsn, tmp_path, monke
         result = run("enqueue", "acme", "--payload", f"@{name}", "--dsn", db_dsn)
         assert result.exit_code == 2, (name, result.stderr)
         assert _lines(result) == [line]
-    assert _jobs(db_dsn) == 0
+    assert _jobs(db_dsn) == 1  # the small one
     result = run("enqueue", "acme", "--payload", f"@{fits}", "--kind", "pgqueue.noop",
                  "--dsn", db_dsn)  # fmt: skip
     assert result.exit_code == 0, result.stderr
-    assert _jobs(db_dsn) == 1
+    assert _jobs(db_dsn) == 2
 
 
 def test_a_missing_database_is_the_environment(server_dsn, monkeypatch):

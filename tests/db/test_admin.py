@@ -40,6 +40,19 @@ def test_requeue_by_filters(conn):
     assert rows == [("queued", 0, 0, None)] * 3
 
 
+def test_a_reason_is_a_literal_substring(conn):
+    """Found by a tester: `--reason '%'` (or '_') re-queued every failed job: the reason went
+    into ILIKE with its wildcards."""
+    a = pgqueue.enqueue(conn, tenant_id="a", origin="user_action", payload=PAYLOAD)
+    b = pgqueue.enqueue(conn, tenant_id="a", origin="user_action", payload=PAYLOAD)
+    _fail_all(conn, "quota 100% used: a_b\\c", f"id = {a}")
+    _fail_all(conn, "HTTP 500", f"id = {b}")
+    for reason in ("%", "_", "\\", "100%", "A_B\\C"):  # only a's error holds them
+        assert requeue_failed(conn, reason=reason) == [a], reason
+        _fail_all(conn, "quota 100% used: a_b\\c", f"id = {a}")
+    assert requeue_failed(conn, reason="x%") == []
+
+
 def test_requeue_rejects_bad_filters(conn):
     with pytest.raises(pgqueue.InvalidArgument):
         requeue_failed(conn, tier="urgent")

@@ -214,6 +214,15 @@ def test_notify_only_on_commit(db_dsn):
     assert got[0].payload == "batch"
 
 
+@pytest.mark.parametrize("on", ["on", "ON", "yes", "True ", "1"])
+def test_require_known_tenant_reads_the_setting_as_a_boolean(db_dsn, on):
+    """Found by a tester: only the exact strings on, true and 1 counted."""
+    with psycopg.connect(db_dsn) as conn:
+        conn.execute("SELECT set_config('pgqueue.require_known_tenant', %s, false)", (on,))
+        with pytest.raises(pgqueue.UnknownTenant):
+            pgqueue.enqueue(conn, tenant_id="stranger", origin="user_action", payload=PAYLOAD)
+
+
 def test_require_known_tenant(db_dsn):
     with psycopg.connect(db_dsn) as conn:
         conn.execute("SET pgqueue.require_known_tenant = on")

@@ -317,6 +317,7 @@ def test_an_unreadable_or_outsized_trace_is_an_invalid_argument(tmp_path: Path) 
         (huge, "line 3: ContextTokens 99999999999 is over 10,000,000"),
         (tmp_path / "missing.csv", "cannot read trace file .*: No such file or directory"),
         (tmp_path, "cannot read trace file .*: Is a directory"),
+        (Path("/dev/zero"), "line 1 is longer than 65,536 characters"),  # read, not whole
     ):
         with pytest.raises(InvalidArgument, match=fragment):
             load_trace(path)

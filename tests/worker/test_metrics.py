@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from typing import Any
 
@@ -164,3 +165,14 @@ def test_the_exporter_says_when_it_cannot_read_the_database(db_dsn):
     assert value(families["pgqueue_exporter_errors"], "pgqueue_exporter_errors_total") >= 1.0
     with pytest.raises(psycopg.OperationalError):
         database_registry(down, check=True)
+
+
+def test_a_held_lock_fails_a_refresh_instead_of_hanging_the_scrape(db_dsn):
+    """Found by a tester: with pgqueue.jobs locked by another session, a scrape hung for 30 s
+    and more and said the exporter was up."""
+    with psycopg.connect(db_dsn) as holder:
+        holder.execute("LOCK pgqueue.jobs IN ACCESS EXCLUSIVE MODE")
+        started = time.monotonic()
+        families = scrape(database_registry(db_dsn, refresh_seconds=0, timeout_seconds=0.5))
+        assert time.monotonic() - started < 20
+        assert value(families["pgqueue_exporter_up"], "pgqueue_exporter_up") == 0.0

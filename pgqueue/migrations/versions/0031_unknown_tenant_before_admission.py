@@ -9,7 +9,8 @@ permanent row); under ``reject`` the caller got ``QueueFull``, a "retry later", 
 can never be stored (found by a fresh tester). Now both refuse it first with ``PQ007``
 (``UnknownTenant``), writing nothing; without the setting nothing changes.
 
-``pgqueue.tenants_required()`` reads the setting; ``ensure_tenant`` uses it too. The three
+``pgqueue.tenants_required()`` reads the setting (as Postgres reads a boolean: ``ON``, ``yes``
+and ``True`` are on too; they read as off before); ``ensure_tenant`` uses it too. The three
 functions are their revisions' text (0001, 0019, 0006), edited here, not copied.
 
 Revision ID: 0031
@@ -39,9 +40,11 @@ LANGUAGE sql
 STABLE PARALLEL SAFE
 AS $$
     -- Whether jobs of tenants not in pgqueue.tenants are refused (PQ007) rather than their
-    -- tenants registered: the pgqueue.require_known_tenant setting (on, true or 1).
-    SELECT coalesce(current_setting('pgqueue.require_known_tenant', true), '')
-           IN ('on', 'true', '1')
+    -- tenants registered: the pgqueue.require_known_tenant setting, read as Postgres reads a
+    -- boolean (on, true, yes, 1, t, y; any case, spaces around). Found by a tester: 'ON',
+    -- 'yes' and 'True ' read as off.
+    SELECT lower(btrim(coalesce(current_setting('pgqueue.require_known_tenant', true), '')))
+           IN ('on', 'true', 'yes', '1', 't', 'y')
 $$;
 """
 
