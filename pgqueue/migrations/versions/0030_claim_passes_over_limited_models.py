@@ -105,6 +105,7 @@ DECLARE
     pending_tenants text[] := '{}';
     stopped text[] := '{}';        -- tenants whose job the limiter stopped once
     stops integer := 0;
+    skipping boolean := false;     -- the settings were written
     stopping text[];               -- the models a stop sets aside
     cooling double precision;      -- the shortest cooldown left of the others in cooldown
     wait double precision;
@@ -127,8 +128,13 @@ BEGIN
         EXIT WHEN want <= 0 OR tries >= least(2 * stops + 2, 64);
         tries := tries + 1;
         blocked_at := NULL;
-        PERFORM set_config('pgqueue.claim_skip_models', aside::text, true);
-        PERFORM set_config('pgqueue.claim_skip_tenants', aside_tenants::text, true);
+        IF cardinality(aside) > 0 OR cardinality(aside_tenants) > 0 THEN
+            -- (only after a stop: a claim's first dispatch reads the settings as the
+            -- transaction began, unset, which costs nothing to write)
+            PERFORM set_config('pgqueue.claim_skip_models', aside::text, true);
+            PERFORM set_config('pgqueue.claim_skip_tenants', aside_tenants::text, true);
+            skipping := true;
+        END IF;
         BEGIN
             got := ARRAY(SELECT d.claimed
                           FROM pgqueue.drr_dispatch(want, worker_id, lease_seconds) d);
@@ -153,7 +159,11 @@ BEGIN
             NULL;  -- everything of this attempt is undone; `got` and blocked_at survive
         END;
         IF blocked_at IS NULL THEN
-            taken := taken || got;
+            IF cardinality(taken) = 0 THEN
+                taken := got;  -- the usual claim: no copy of its rows into a new array
+            ELSE
+                taken := taken || got;
+            END IF;
             EXIT WHEN prefix IS NULL;  -- took what is due and can be sent
             -- The jobs before the stopped one are taken; the rest of the claim passes over
             -- the models that stopped it.
@@ -196,8 +206,10 @@ BEGIN
             pending_tenants := '{}';
         END IF;
     END LOOP;
-    PERFORM set_config('pgqueue.claim_skip_models', '', true);
-    PERFORM set_config('pgqueue.claim_skip_tenants', '', true);
+    IF skipping THEN  -- cleared: a later dispatch of this transaction passes over nothing
+        PERFORM set_config('pgqueue.claim_skip_models', '', true);
+        PERFORM set_config('pgqueue.claim_skip_tenants', '', true);
+    END IF;
     RETURN QUERY SELECT g, NULL::double precision FROM unnest(taken) AS g;
     IF soonest IS NOT NULL AND cardinality(taken) < max_jobs THEN
         RETURN QUERY SELECT NULL::pgqueue.jobs, soonest;
