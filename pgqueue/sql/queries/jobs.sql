@@ -4,9 +4,8 @@
 -- Tier pick (pgqueue.tier_policy) then per-tenant Deficit Round Robin within the tier, decided
 -- under a short advisory lock so that every worker shares one fair schedule; the deficits are
 -- charged in this transaction. Only due, queued jobs, and only those the provider's limits
--- let through now (pgqueue.claim_admitted, which passes over the jobs of a model whose limits
--- are spent): when the limiter left the claim short, a last row with a NULL id carries
--- blocked_seconds. See docs/drr.md.
+-- let through now (pgqueue.claim_admitted): when the limiter stops the batch, a last row with
+-- a NULL id carries blocked_seconds. See docs/drr.md.
 SELECT (c.job).id, (c.job).tenant_id, (c.job).kind, (c.job).priority, (c.job).payload,
        (c.job).cost, (c.job).attempts, (c.job).max_attempts, (c.job).throttle_retries,
        (c.job).enqueued_at, (c.job).lease_token::text AS lease_token, (c.job).model,

@@ -13,8 +13,8 @@ can never be stored (found by a fresh tester). Now both refuse it first with ``P
 and ``True`` are on too; they read as off before); ``ensure_tenant`` uses it too. The three
 functions are their revisions' text (0001, 0019, 0006), edited here, not copied.
 
-Revision ID: 0031
-Revises: 0030
+Revision ID: 0030
+Revises: 0029
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from alembic import op
 
 from pgqueue.db.sqltext import function_definition, replace_anchor, revision_module
 
-revision = "0031"
-down_revision = "0030"
+revision = "0030"
+down_revision = "0029"
 branch_labels = None
 depends_on = None
 
@@ -62,7 +62,7 @@ _SINGLE_ADMISSION = """\
 """
 _SINGLE_REFUSE_FIRST = """\
     IF NOT known AND pgqueue.tenants_required() THEN
-        -- refused before admission has a say (revision 0031): raises PQ007 unless the
+        -- refused before admission has a say (revision 0030): raises PQ007 unless the
         -- tenant was registered since the lookup
         PERFORM pgqueue.ensure_tenant(try_enqueue.tenant_id);
     END IF;
@@ -75,7 +75,7 @@ _MANY_FULL = """\
 """
 _MANY_REFUSE_FIRST = """\
     IF pgqueue.tenants_required() THEN
-        -- An unknown tenant is refused before admission has a say (revision 0031): the first
+        -- An unknown tenant is refused before admission has a say (revision 0030): the first
         -- in input order raises PQ007; ensure_tenant registers nothing when tenants are
         -- required.
         PERFORM pgqueue.ensure_tenant(d.tenant_id)
@@ -103,7 +103,7 @@ def _try_enqueue_many_before() -> str:
 def ensure_tenant() -> str:
     """``ensure_tenant`` as this revision creates it."""
     return replace_anchor(
-        _ensure_tenant_before(), _SETTING, _SETTING_READ, what="revision 0031: ensure_tenant"
+        _ensure_tenant_before(), _SETTING, _SETTING_READ, what="revision 0030: ensure_tenant"
     )
 
 
@@ -113,7 +113,7 @@ def try_enqueue() -> str:
         _try_enqueue_before(),
         _SINGLE_ADMISSION,
         _SINGLE_REFUSE_FIRST,
-        what="revision 0031: try_enqueue",
+        what="revision 0030: try_enqueue",
     )
 
 
@@ -123,7 +123,7 @@ def try_enqueue_many() -> str:
         _try_enqueue_many_before(),
         _MANY_FULL,
         _MANY_REFUSE_FIRST,
-        what="revision 0031: try_enqueue_many",
+        what="revision 0030: try_enqueue_many",
     )
 
 
