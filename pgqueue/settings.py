@@ -117,6 +117,14 @@ class Settings(BaseSettings):
     )
     anthropic_api_key: SecretStr | None = Field(default=None, exclude=True, repr=False)
 
+    # --- dashboard
+    dashboard_token: SecretStr | None = Field(
+        default=None,
+        exclude=True,
+        repr=False,
+        description="The dashboard's admin token (at least 16 characters); unset: read-only.",
+    )
+
     @field_validator(
         "retention_seconds",
         "counters_compact_interval_seconds",

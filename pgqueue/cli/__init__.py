@@ -1,7 +1,8 @@
 """The ``pgqueue`` command line: thin typer commands that parse, call one function, format.
 
 The commands live in :mod:`pgqueue.cli.admin` (schema, roles, status, tenants, limits,
-admission), :mod:`pgqueue.cli.jobs` (enqueue, retry, cancel, prune), :mod:`pgqueue.cli.run`
+admission), :mod:`pgqueue.cli.jobs` (enqueue, retry, cancel, prune), :mod:`pgqueue.cli.browse`
+(jobs list, jobs show, dashboard), :mod:`pgqueue.cli.run`
 (work, metrics, sandbox, replay, demo) and :mod:`pgqueue.cli.experiments` (bench,
 simulate); this module holds the app, the shared options and the error handling.
 
@@ -340,5 +341,5 @@ def main(
 # The commands register themselves on `app` when imported.
 # Registered in this order, which is the order of `pgqueue --help`.
 # isort: off
-from pgqueue.cli import admin, jobs, run, experiments  # noqa: E402, F401
+from pgqueue.cli import admin, jobs, browse, run, experiments  # noqa: E402, F401
 # isort: on
