@@ -60,7 +60,10 @@ def jobs_list(
 ) -> None:
     """List jobs, newest first, filtered by state, tenant, tier and kind."""
     from pgqueue.observability.jobs import MAX_LIST_LIMIT, JobFilter, list_jobs
+    from pgqueue.validation import check_tenant_id
 
+    if tenant is not None:
+        check_tenant_id(tenant)  # '' is refused here; an empty form field means "any"
     int_in_range("--limit", limit, 1, MAX_LIST_LIMIT)
     int_in_range("--before", before, 1, _INT64_MAX)
     where = JobFilter.checked(state=state, tenant_id=tenant, tier=tier, kind=kind)
