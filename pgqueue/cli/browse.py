@@ -176,7 +176,9 @@ def dashboard(
     finite_in_range("--refresh-seconds", refresh_seconds, 0.0, 3600.0)
     finite_in_range("--window", window, 1.0, _MAX_SECONDS)
     settings = _settings()
-    secret = token or (settings.dashboard_token.get_secret_value() if settings.dashboard_token else None)
+    secret = token or (
+        settings.dashboard_token.get_secret_value() if settings.dashboard_token else None
+    )
     if secret is not None and len(secret) < MIN_TOKEN_CHARS:
         raise InvalidArgument(
             f"the admin token (--token or PGQUEUE_DASHBOARD_TOKEN) must be at least "
@@ -198,7 +200,9 @@ def dashboard(
             highlight=False,
         )
     mode = "actions need the admin token" if secret else "read-only (no admin token)"
-    console.print(f"pgqueue dashboard on http://{host}:{port}/ ({mode})", markup=False, highlight=False)
+    console.print(
+        f"pgqueue dashboard on http://{host}:{port}/ ({mode})", markup=False, highlight=False
+    )
     config = DashboardConfig(
         dsn=target,
         token=secret,

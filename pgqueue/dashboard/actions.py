@@ -67,7 +67,9 @@ def redrive(conn: psycopg.Connection[Any], tenant_id: str, tier: str | None) -> 
     """
     check_tenant_id(tenant_id)
     with conn.transaction():
-        return len(requeue_failed(conn, tenant_id=tenant_id, tier=check_tier(tier) if tier else None))
+        return len(
+            requeue_failed(conn, tenant_id=tenant_id, tier=check_tier(tier) if tier else None)
+        )
 
 
 def configure_tenant(

@@ -138,8 +138,7 @@ class Dashboard:
             "admin": self.guard.is_admin(request),
             "refresh_seconds": self.config.refresh_seconds,
             "done": done.format(n=int(n) if n.isdigit() else 0),
-            "here": request.url.path
-            + (f"?{request.url.query}" if request.url.query else ""),
+            "here": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
         }
         fragment = request.query_params.get("fragment") == "1"
         name = f"parts/{page}.html" if fragment else "page.html"
@@ -262,7 +261,9 @@ class Dashboard:
             return self.refused(request, 400, exc.diag.message_primary or "refused by the table")
         return RedirectResponse(target, status_code=303)
 
-    def _run_action(self, run: Callable[[psycopg.Connection[Any], dict[str, str]], str], form: dict[str, str]) -> str:
+    def _run_action(
+        self, run: Callable[[psycopg.Connection[Any], dict[str, str]], str], form: dict[str, str]
+    ) -> str:
         with self.pool.connection() as conn:
             return run(conn, form)
 
@@ -302,7 +303,10 @@ def _redrive(conn: psycopg.Connection[Any], form: dict[str, str]) -> str:
 
 def _tenant(conn: psycopg.Connection[Any], form: dict[str, str]) -> str:
     actions.configure_tenant(
-        conn, form.get("tenant_id", ""), form.get("plan", "").strip(), form.get("quantum", "").strip()
+        conn,
+        form.get("tenant_id", ""),
+        form.get("plan", "").strip(),
+        form.get("quantum", "").strip(),
     )
     return _back({"next": "/tenants"}, "tenant")
 

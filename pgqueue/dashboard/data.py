@@ -66,7 +66,9 @@ def overview(conn: psycopg.Connection[Any], *, window_seconds: float) -> dict[st
         for p in ("p50", "p95", "p99"):
             row[f"{p}_class"] = slo_class(row[f"{p}_seconds"], row["slo_p99_seconds"])
         latency.append(row)
-    fairness = {(r["tier"] or "all"): _plain(r) for r in queries.run(conn, "report_fairness", window)}
+    fairness = {
+        (r["tier"] or "all"): _plain(r) for r in queries.run(conn, "report_fairness", window)
+    }
     recent = {"window_seconds": THROTTLE_WINDOW_SECONDS}
     by_tenant = [_plain(r) for r in queries.run(conn, "report_throttles_by_tenant", recent)]
     by_model = [_plain(r) for r in queries.run(conn, "dashboard_throttles_by_model", recent)]
@@ -74,9 +76,7 @@ def overview(conn: psycopg.Connection[Any], *, window_seconds: float) -> dict[st
     for r in queries.run(conn, "ratelimit_list"):
         row = _plain(r)
         for bucket in ("requests", "input_tokens", "output_tokens"):
-            row[f"{bucket}_share"] = _share(
-                row[f"{bucket}_available"], row[f"{bucket}_per_minute"]
-            )
+            row[f"{bucket}_share"] = _share(row[f"{bucket}_available"], row[f"{bucket}_per_minute"])
         models.append(row)
     return {
         "tiers": tiers,

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import uvicorn
 
@@ -18,6 +19,8 @@ STARTUP_TIMEOUT_SECONDS = 15.0
 
 
 def _config(config: DashboardConfig, host: str, port: int, *, quiet: bool) -> uvicorn.Config:
+    # quiet: leave the process's logging config alone (tests, bench)
+    logging_kwargs: dict[str, Any] = {"log_config": None} if quiet else {}
     return uvicorn.Config(
         create_app(config),
         host=host,
@@ -28,7 +31,7 @@ def _config(config: DashboardConfig, host: str, port: int, *, quiet: bool) -> uv
         access_log=False,
         log_level="warning",
         timeout_graceful_shutdown=2,
-        **({"log_config": None} if quiet else {}),
+        **logging_kwargs,
     )
 
 

@@ -12,7 +12,11 @@ import pgqueue
 from pgqueue.cli import app
 
 runner = CliRunner()
-PAYLOAD = {"model": "claude-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "[bold]x[/bold] <script>"}]}
+PAYLOAD = {
+    "model": "claude-haiku-4-5",
+    "max_tokens": 8,
+    "messages": [{"role": "user", "content": "[bold]x[/bold] <script>"}],
+}
 
 
 def _seed(dsn: str) -> dict[str, list[int]]:
@@ -24,7 +28,11 @@ def _seed(dsn: str) -> dict[str, list[int]]:
             job = pgqueue.enqueue(conn, tenant_id=tenant, origin=origin, payload=PAYLOAD)
             assert job is not None
             ids[tenant].append(job)
-        conn.execute("UPDATE pgqueue.jobs SET state = 'failed', last_error = 'boom', finished_at = now() WHERE id = %s", (ids["acme"][0],))
+        conn.execute(
+            "UPDATE pgqueue.jobs SET state = 'failed', last_error = 'boom', finished_at = now()"
+            " WHERE id = %s",
+            (ids["acme"][0],),
+        )
         conn.commit()
     return ids
 
@@ -65,7 +73,12 @@ def test_show_one_job(db_dsn):
     result = runner.invoke(app, ["jobs", "show", str(job_id), "--json", "--dsn", db_dsn])
     assert result.exit_code == 0, result.output
     job = json.loads(result.stdout)
-    assert (job["id"], job["state"], job["tenant_id"], job["tier"]) == (job_id, "failed", "acme", "critical")
+    assert (job["id"], job["state"], job["tenant_id"], job["tier"]) == (
+        job_id,
+        "failed",
+        "acme",
+        "critical",
+    )
     assert job["payload"] == PAYLOAD
     assert [e["event"] for e in job["timeline"]] == ["enqueued", "failed"]
     shown = runner.invoke(app, ["jobs", "show", str(job_id), "--dsn", db_dsn])

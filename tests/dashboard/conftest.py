@@ -52,15 +52,21 @@ def seed(dsn: str) -> Seeded:
     payload holds one too), a queued no-op job (another lane), finished jobs for the latency
     table, a model's limits, and throttle events that demote tenant "acme"."""
     by_tier: dict[str, list[int]] = {t: [] for t in QUEUED}
-    origin = {"critical": ("user_action", None), "standard": ("scheduled", 60.0),
-              "batch": ("batch_job", None)}
+    origin = {
+        "critical": ("user_action", None),
+        "standard": ("scheduled", 60.0),
+        "batch": ("batch_job", None),
+    }
     tenants = ["acme", "globex", "initech"]
     with psycopg.connect(dsn) as conn:
         for tier, n in QUEUED.items():
             for i in range(n):
                 o, sla = origin[tier]
                 job_id = pgqueue.enqueue(
-                    conn, tenant_id=tenants[i % 3], origin=o, sla_seconds=sla,
+                    conn,
+                    tenant_id=tenants[i % 3],
+                    origin=o,
+                    sla_seconds=sla,
                     payload=_payload(f"{tier} job {i}"),
                 )
                 assert job_id is not None
@@ -145,7 +151,9 @@ class Client:
     def cookie(self, name: str) -> str | None:
         return next((c.value for c in self.jar if c.name == name), None)
 
-    def post(self, path: str, form: dict[str, str], **headers: str) -> tuple[int, dict[str, str], str]:
+    def post(
+        self, path: str, form: dict[str, str], **headers: str
+    ) -> tuple[int, dict[str, str], str]:
         """POST ``form`` with this client's CSRF token and the dashboard's own Origin."""
         if self.cookie("pgqueue_csrf") is None:
             self.request("/")
@@ -170,7 +178,9 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     Debian's chromium and chromium-driver are not installed."""
     found = _chromium()
     if found is None:
-        message = "chromium and chromedriver are not installed (apt-get install chromium chromium-driver)"
+        message = (
+            "chromium and chromedriver are not installed (apt-get install chromium chromium-driver)"
+        )
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(message)
         pytest.skip(message)

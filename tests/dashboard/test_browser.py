@@ -36,15 +36,27 @@ def _text(driver: Any, css: str) -> str:
 
 def test_overview_shows_depth_in_three_tiers_and_refreshes(browser, board, seeded: Seeded):
     browser.get(board + "/")
-    footer = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#depth tfoot tr:first-child th.n")]
+    footer = [
+        c.text for c in browser.find_elements(By.CSS_SELECTOR, "#depth tfoot tr:first-child th.n")
+    ]
     # queued, running per tier: critical, standard, batch (+ the <script> job and a no-op job)
-    assert footer == [str(QUEUED["critical"]), "0", str(QUEUED["standard"]), "0",
-                      str(QUEUED["batch"] + 2), "0"]
-    lanes = [r.find_element(By.CSS_SELECTOR, "td").text
-             for r in browser.find_elements(By.CSS_SELECTOR, "#depth tbody tr")]
+    assert footer == [
+        str(QUEUED["critical"]),
+        "0",
+        str(QUEUED["standard"]),
+        "0",
+        str(QUEUED["batch"] + 2),
+        "0",
+    ]
+    lanes = [
+        r.find_element(By.CSS_SELECTOR, "td").text
+        for r in browser.find_elements(By.CSS_SELECTOR, "#depth tbody tr")
+    ]
     assert lanes == [MODEL, "pgqueue.noop"]
-    latency = {r.find_elements(By.CSS_SELECTOR, "td")[0].text: r
-               for r in browser.find_elements(By.CSS_SELECTOR, "#latency tbody tr")}
+    latency = {
+        r.find_elements(By.CSS_SELECTOR, "td")[0].text: r
+        for r in browser.find_elements(By.CSS_SELECTOR, "#latency tbody tr")
+    }
     assert set(latency) == {"critical", "standard", "batch"}
     p99 = latency["critical"].find_elements(By.CSS_SELECTOR, "td")[4]
     assert "slo-ok" in (p99.get_attribute("class") or "")
@@ -54,7 +66,9 @@ def test_overview_shows_depth_in_three_tiers_and_refreshes(browser, board, seede
     assert MODEL in _text(browser, "#models")
     assert "Jain's fairness index" in _text(browser, "#jain")
     # the live part is fetched again without a reload
-    _wait(browser).until(lambda d: int(d.find_element(By.TAG_NAME, "body").get_attribute("data-refreshed") or 0) >= 2)
+    _wait(browser).until(
+        lambda d: int(d.find_element(By.TAG_NAME, "body").get_attribute("data-refreshed") or 0) >= 2
+    )
     assert _text(browser, "#throttles-total") == "5"
     screenshot(browser, "overview")
     browser.get(board + "/tenants")
@@ -113,7 +127,9 @@ def test_cancel_needs_the_token(browser, board, seeded: Seeded, db_dsn):
     browser.find_element(By.ID, "unlock").click()
     _wait(browser).until(ec.presence_of_element_located((By.ID, "cancel")))
     assert _text(browser, "#mode") == "actions unlocked"
-    browser.find_element(By.CSS_SELECTOR, "#cancel-form input[name=reason]").send_keys("from the test")
+    browser.find_element(By.CSS_SELECTOR, "#cancel-form input[name=reason]").send_keys(
+        "from the test"
+    )
     browser.find_element(By.ID, "cancel").click()
     _wait(browser).until(ec.text_to_be_present_in_element((By.ID, "done"), "Job cancelled."))
     assert _text(browser, "#job-state") == "cancelled"
@@ -132,9 +148,13 @@ def test_script_in_tenant_and_payload_is_text(browser, board, seeded: Seeded):
     tenants = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#jobs td.tenant")]
     assert SCRIPT_TENANT in tenants
     browser.get(f"{board}/tenants")
-    assert SCRIPT_TENANT in [a.text for a in browser.find_elements(By.CSS_SELECTOR, "#tenants a.tenant")]
+    assert SCRIPT_TENANT in [
+        a.text for a in browser.find_elements(By.CSS_SELECTOR, "#tenants a.tenant")
+    ]
     for path in (f"/jobs/{seeded.script_job}", "/jobs", "/tenants", "/schedule"):
         browser.get(board + path)
-        assert browser.execute_script("return window.__pwned_tenant === undefined && window.__pwned_payload === undefined")
+        assert browser.execute_script(
+            "return window.__pwned_tenant === undefined && window.__pwned_payload === undefined"
+        )
         sources = [s.get_attribute("src") for s in browser.find_elements(By.TAG_NAME, "script")]
         assert sources == [board + "/static/dashboard.js"], path

@@ -67,7 +67,10 @@ def test_an_admin_cookie_of_another_process_is_not_admin(db_dsn, seeded: Seeded)
     with running_dashboard(DashboardConfig(dsn=db_dsn, token=TOKEN)) as url:
         second = Client(url)
         second.request("/")
-        headers = {"Origin": url, "Cookie": f"pgqueue_admin={cookie}; pgqueue_csrf={second.cookie('pgqueue_csrf')}"}
+        headers = {
+            "Origin": url,
+            "Cookie": f"pgqueue_admin={cookie}; pgqueue_csrf={second.cookie('pgqueue_csrf')}",
+        }
         form = {"job_id": str(job_id), "csrf": second.cookie("pgqueue_csrf") or ""}
         plain = Client(url)  # no jar: the Cookie header as given
         status, _, body = plain.request("/actions/cancel", form, headers)
