@@ -1,9 +1,10 @@
 """What the dashboard's pages show, read by named statements on the caller's connection.
 
 The overview runs the statements ``pgqueue status`` and ``pgqueue limits list`` run (the views
-``queue_depth``, ``latency_slo``, ``fairness``, ``rate_limit_state``, demotions and throttle
-events) and one more, depth per lane and tier. Collectors return plain dicts for the
-templates; :func:`slo_class` is the one colour rule.
+``latency_slo``, ``fairness`` and ``rate_limit_state``, demotions and throttle events) and
+one of its own, depth per lane and tier, whose sums per tier are ``queue_depth``'s numbers
+(that view reads the whole table at 1M jobs; see ``sql/queries/dashboard.sql``).
+Collectors return plain dicts for the templates; :func:`slo_class` is the one colour rule.
 """
 
 from __future__ import annotations
@@ -46,19 +47,38 @@ def _share(part: float | None, whole: float | None) -> float:
     return max(0.0, min(1.0, part / whole))
 
 
-def overview(conn: psycopg.Connection[Any], *, window_seconds: float) -> dict[str, Any]:
-    """Everything the overview shows: ``depth`` (per tier: queued, due, running, oldest queued
-    seconds), ``lanes`` (per lane: counts per tier), ``latency`` (per tier: p50/p95/p99 over
-    ``window_seconds`` against the SLO, with colour classes), ``fairness`` (Jain's index, all
-    tiers and per tier), ``demotions`` (now), ``throttles`` (429/529 in the last minute, per
-    tenant and per model, and the total), ``models`` (each model's three buckets and
-    cooldown)."""
+def depth(conn: psycopg.Connection[Any], *, window_seconds: float) -> dict[str, Any]:
+    """The overview's depth: ``lanes`` (per lane: queued, due, running per tier) and ``depth``
+    (per tier: their sums and the oldest queued job's age in seconds). ``window_seconds`` is
+    not used (every part of the overview takes it)."""
     tiers = [t.value for t in Tier]
-    depth = [_plain(r) for r in queries.run(conn, "dashboard_queue_depth")]
-    lanes: dict[str, dict[str, dict[str, int]]] = {}
+    lanes: dict[str, dict[str, dict[str, Any]]] = {}
+    totals: dict[str, dict[str, Any]] = {
+        t: {"tier": t, "queued": 0, "due": 0, "running": 0, "oldest_queued_seconds": None}
+        for t in tiers
+    }
     for r in queries.run(conn, "dashboard_depth_by_lane"):
         counts = {k: int(r[k]) for k in ("queued", "due", "running")}
         lanes.setdefault(r["lane"], {})[r["tier"]] = counts
+        total = totals[r["tier"]]
+        for k, v in counts.items():
+            total[k] += v
+        oldest = r["oldest_queued_seconds"]
+        if oldest is not None and (total["oldest_queued_seconds"] or 0.0) < oldest:
+            total["oldest_queued_seconds"] = oldest
+    return {
+        "tiers": tiers,
+        "depth": list(totals.values()),
+        "lanes": [{"lane": lane, "tiers": counts} for lane, counts in sorted(lanes.items())],
+    }
+
+
+def service(conn: psycopg.Connection[Any], *, window_seconds: float) -> dict[str, Any]:
+    """The overview's service and pressure: ``latency`` (per tier: p50/p95/p99 over
+    ``window_seconds`` against the SLO, with colour classes), ``fairness`` (Jain's index, all
+    tiers as ``all`` and per tier), ``demotions`` (now), ``throttles_by_tenant`` /
+    ``throttles_by_model`` / ``throttles_total`` (429/529 in the last minute), ``models``
+    (each model's three buckets, their share available, and cooldown)."""
     window = {"window_seconds": window_seconds}
     latency = []
     for r in queries.run(conn, "report_latency_slo", window):
@@ -79,10 +99,7 @@ def overview(conn: psycopg.Connection[Any], *, window_seconds: float) -> dict[st
             row[f"{bucket}_share"] = _share(row[f"{bucket}_available"], row[f"{bucket}_per_minute"])
         models.append(row)
     return {
-        "tiers": tiers,
         "window_seconds": window_seconds,
-        "depth": depth,
-        "lanes": [{"lane": lane, "tiers": counts} for lane, counts in sorted(lanes.items())],
         "latency": latency,
         "fairness": fairness,
         "demotions": [_plain(r) for r in queries.run(conn, "report_demotions")],
@@ -91,6 +108,20 @@ def overview(conn: psycopg.Connection[Any], *, window_seconds: float) -> dict[st
         "throttles_total": sum(int(r["throttles"]) for r in by_model),
         "models": models,
     }
+
+
+#: The overview's parts: independent reads, which the dashboard runs side by side on
+#: connections of their own (each scans the queued jobs once: depth by lane, fairness).
+OVERVIEW_PARTS = (depth, service)
+
+
+def overview(conn: psycopg.Connection[Any], *, window_seconds: float) -> dict[str, Any]:
+    """Everything the overview shows (:func:`depth` and :func:`service`), read one after the
+    other on ``conn``."""
+    found: dict[str, Any] = {}
+    for part in OVERVIEW_PARTS:
+        found.update(part(conn, window_seconds=window_seconds))
+    return found
 
 
 def tenants(conn: psycopg.Connection[Any], *, window_seconds: float) -> list[dict[str, Any]]:
