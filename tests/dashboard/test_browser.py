@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -30,15 +31,32 @@ def _wait(driver: Any) -> WebDriverWait:
     return WebDriverWait(driver, 15)
 
 
+# The live part is replaced every 0.5 s: elements found in it go stale, so its text is read
+# in one script call, and a click in it is retried on a fresh element.
 def _text(driver: Any, css: str) -> str:
-    return str(driver.find_element(By.CSS_SELECTOR, css).text)
+    return str(driver.execute_script("return document.querySelector(arguments[0]).innerText", css))
+
+
+def _cells(driver: Any, css: str, cell: str = "td, th") -> list[list[str]]:
+    """The texts of the cells of each element matching ``css`` (rows), read at one moment."""
+    script = (
+        "return Array.from(document.querySelectorAll(arguments[0]))"
+        ".map(r => Array.from(r.querySelectorAll(arguments[1])).map(c => c.innerText.trim()))"
+    )
+    return list(driver.execute_script(script, css, cell))
+
+
+def _click_link(driver: Any, text: str) -> None:
+    def click(d: Any) -> bool:
+        d.find_element(By.LINK_TEXT, text).click()
+        return True
+
+    WebDriverWait(driver, 15, ignored_exceptions=[StaleElementReferenceException]).until(click)
 
 
 def test_overview_shows_depth_in_three_tiers_and_refreshes(browser, board, seeded: Seeded):
     browser.get(board + "/")
-    footer = [
-        c.text for c in browser.find_elements(By.CSS_SELECTOR, "#depth tfoot tr:first-child th.n")
-    ]
+    [footer] = _cells(browser, "#depth tfoot tr:first-child", "th.n")
     # queued, running per tier: critical, standard, batch (+ the <script> job and a no-op job)
     assert footer == [
         str(QUEUED["critical"]),
@@ -48,19 +66,16 @@ def test_overview_shows_depth_in_three_tiers_and_refreshes(browser, board, seede
         str(QUEUED["batch"] + 2),
         "0",
     ]
-    lanes = [
-        r.find_element(By.CSS_SELECTOR, "td").text
-        for r in browser.find_elements(By.CSS_SELECTOR, "#depth tbody tr")
-    ]
+    lanes = [row[0] for row in _cells(browser, "#depth tbody tr")]
     assert lanes == [MODEL, "pgqueue.noop"]
-    latency = {
-        r.find_elements(By.CSS_SELECTOR, "td")[0].text: r
-        for r in browser.find_elements(By.CSS_SELECTOR, "#latency tbody tr")
-    }
+    latency = {row[0]: row for row in _cells(browser, "#latency tbody tr")}
     assert set(latency) == {"critical", "standard", "batch"}
-    p99 = latency["critical"].find_elements(By.CSS_SELECTOR, "td")[4]
-    assert "slo-ok" in (p99.get_attribute("class") or "")
-    assert "0.80" in p99.text
+    assert latency["critical"][4] == "0.80"  # p99 of the one finished critical job
+    p99_classes = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#latency tbody tr'))"
+        ".map(r => r.querySelectorAll('td')[4].className)"
+    )
+    assert p99_classes == ["n slo-ok", "n slo-ok", "n slo-ok"]
     assert _text(browser, "#throttles-total") == "5"
     assert _text(browser, "#demoted-total") == "1"
     assert MODEL in _text(browser, "#models")
@@ -75,11 +90,10 @@ def test_overview_shows_depth_in_three_tiers_and_refreshes(browser, board, seede
     assert "acme" in _text(browser, "#tenants")
     screenshot(browser, "tenants")
     browser.get(board + "/schedule")
-    rows = browser.find_elements(By.CSS_SELECTOR, "#schedule tbody tr")
+    [headers] = _cells(browser, "#schedule thead tr", "th")
+    rows = _cells(browser, "#schedule tbody tr")
     assert len(rows) == sum(QUEUED.values()) + 2  # every queued job fits the pools now
-    headers = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "#schedule th")]
-    tier = headers.index("tier")
-    assert rows[0].find_elements(By.CSS_SELECTOR, "td")[tier].text == "critical"
+    assert rows[0][headers.index("tier")] == "critical"
     screenshot(browser, "schedule")
 
 
@@ -90,15 +104,14 @@ def test_filter_jobs_and_open_one(browser, board, seeded: Seeded):
     browser.find_element(By.ID, "f-tenant").send_keys("acme")
     browser.find_element(By.ID, "f-apply").click()
     _wait(browser).until(ec.url_contains("tier=batch"))
-    rows = browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")
-    ids = [int(r.find_element(By.CSS_SELECTOR, ".job-link").text) for r in rows]
+    rows = _cells(browser, "#jobs tbody tr")
+    ids = [int(r[0]) for r in rows]
     acme_batch = [seeded.by_tier["batch"][i] for i in (0, 3)] + [seeded.noop_job]
     assert ids == sorted(acme_batch, reverse=True)
     for r in rows:
-        cells = [c.text for c in r.find_elements(By.CSS_SELECTOR, "td")]
-        assert cells[1:4] == ["acme", "batch", "queued"]
+        assert r[1:4] == ["acme", "batch", "queued"]
     screenshot(browser, "jobs")
-    browser.find_element(By.LINK_TEXT, str(ids[-1])).click()
+    _click_link(browser, str(ids[-1]))
     _wait(browser).until(ec.url_contains(f"/jobs/{ids[-1]}"))
     assert _text(browser, "#job-state") == "queued"
     assert _text(browser, "#job-tenant") == "acme"
@@ -145,12 +158,9 @@ def test_script_in_tenant_and_payload_is_text(browser, board, seeded: Seeded):
     assert _text(browser, "#job-tenant") == SCRIPT_TENANT
     assert SCRIPT_TEXT in _text(browser, "#payload")
     browser.get(f"{board}/jobs?state=queued")
-    tenants = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#jobs td.tenant")]
-    assert SCRIPT_TENANT in tenants
+    assert [SCRIPT_TENANT] in _cells(browser, "#jobs tbody tr", "td.tenant")
     browser.get(f"{board}/tenants")
-    assert SCRIPT_TENANT in [
-        a.text for a in browser.find_elements(By.CSS_SELECTOR, "#tenants a.tenant")
-    ]
+    assert [SCRIPT_TENANT] in _cells(browser, "#tenants tbody tr", "a.tenant")
     for path in (f"/jobs/{seeded.script_job}", "/jobs", "/tenants", "/schedule"):
         browser.get(board + path)
         assert browser.execute_script(
