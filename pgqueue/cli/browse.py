@@ -170,7 +170,8 @@ def dashboard(
     """Serve the web dashboard: overview, tenants, schedule, jobs; actions with the token."""
     from pgqueue.dashboard.app import DashboardConfig
     from pgqueue.dashboard.server import serve
-    from pgqueue.errors import InvalidArgument
+    from pgqueue.db import queries
+    from pgqueue.errors import InvalidArgument, SchemaOutOfDate
 
     int_in_range("--port", port, 1, 65_535)
     finite_in_range("--refresh-seconds", refresh_seconds, 0.0, 3600.0)
@@ -188,10 +189,9 @@ def dashboard(
     if host not in ("0.0.0.0", "::") and host not in hosts:
         hosts.append(host)
     target = _dsn(settings, dsn)
-    with psycopg.connect(target, autocommit=True) as conn:  # fail now, in one line, if unreachable
-        from pgqueue.db import queries
-
-        queries.run(conn, "schema_exists")
+    with psycopg.connect(target, autocommit=True) as conn:  # fail now, in one line
+        if not queries.run(conn, "schema_exists")["present"]:
+            raise SchemaOutOfDate("no pgqueue schema in this database; run `pgqueue migrate`")
     if host not in _LOOPBACK:
         err_console.print(
             f"warning: serving on {host}, beyond this machine, over plain HTTP; put it behind "

@@ -33,7 +33,7 @@ from starlette.staticfiles import StaticFiles
 
 from pgqueue.dashboard import actions, data
 from pgqueue.dashboard.guard import CSRF_FIELD, Guard, Refused
-from pgqueue.errors import UnknownJob, UsageError
+from pgqueue.errors import PgqueueError, UnknownJob, UsageError
 from pgqueue.models import JobState, Tier
 from pgqueue.observability.jobs import JobFilter, job_detail, list_jobs
 
@@ -349,6 +349,8 @@ def create_app(config: DashboardConfig) -> Starlette:
             await run_in_threadpool(board.pool.close)
 
     async def database_error(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, PgqueueError):  # SchemaOutOfDate and the like
+            return board.refused(request, 503, f"{type(exc).__name__}: {exc}")
         message = exc.diag.message_primary if isinstance(exc, psycopg.Error) else None
         return board.refused(request, 503, f"database error: {message or exc}")
 
@@ -369,7 +371,7 @@ def create_app(config: DashboardConfig) -> Starlette:
         routes=routes,
         middleware=middleware,
         lifespan=lifespan,
-        exception_handlers={psycopg.Error: database_error},
+        exception_handlers={psycopg.Error: database_error, PgqueueError: database_error},
     )
     app.state.dashboard = board
     return app

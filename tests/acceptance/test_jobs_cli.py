@@ -95,3 +95,45 @@ def test_dashboard_refuses_a_short_token_before_serving(db_dsn):
     assert "short" not in result.stderr.replace("at least", "")
     result = runner.invoke(app, ["dashboard", "--dsn", db_dsn, "--port", "0"])
     assert result.exit_code == 2
+
+
+def test_dashboard_command_serves_read_only_on_loopback(db_dsn):
+    """`pgqueue dashboard` end to end: it says where it serves, answers there, is read-only
+    without a token, and stops on SIGINT."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "PGQUEUE_DASHBOARD_TOKEN"}
+    argv = ["dashboard", "--dsn", db_dsn, "--port", str(port), "--refresh-seconds", "0"]
+    with subprocess.Popen(
+        [sys.executable, "-c", "from pgqueue.cli import app; app()", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert f"http://127.0.0.1:{port}/ (read-only (no admin token))" in line
+            deadline = time.monotonic() + 20
+            while True:  # uvicorn binds just after that line
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as answer:
+                        page = answer.read().decode()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.1)
+            assert 'id="mode">read-only' in page
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=20)
