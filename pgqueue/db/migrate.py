@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any
 
 import psycopg
@@ -11,6 +13,16 @@ from alembic.script import ScriptDirectory
 
 from pgqueue.db import queries
 from pgqueue.errors import SchemaOutOfDate
+
+
+def schema_files() -> list[Traversable]:
+    """The files of ``pgqueue/sql/schema`` (``*.sql``) in the order the baseline revision
+    applies them: by file name. Together they define every table, function, trigger and view of
+    the schema at the baseline, each once (docs/schema.md)."""
+    folder = resources.files("pgqueue") / "sql" / "schema"
+    return sorted(
+        (f for f in folder.iterdir() if f.name.endswith(".sql")), key=lambda f: f.name
+    )
 
 
 def alembic_config(dsn: str) -> Config:
