@@ -22,15 +22,39 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
-_VIEWS = (
-    "claim_order, tenant_service, fairness, queue_depth, latency_slo, rate_limit_state, "
-    "admission_status"
-)
-_TABLES = (
-    "jobs, tenants, throttle_events, demotions, usage_daily, deficits, tier_state, drr_inbox, "
-    "queue_counts, admission, rate_limits"
-)
-_TYPES = "enqueue_batch_item, job_state, tier, origin"
+# What downgrade() drops: everything but the schema itself, which holds alembic's version table.
+_DROP_VIEWS = """
+DROP VIEW IF EXISTS pgqueue.claim_order, pgqueue.tenant_service, pgqueue.fairness,
+    pgqueue.queue_depth, pgqueue.latency_slo, pgqueue.rate_limit_state, pgqueue.admission_status
+"""
+# Triggers and functions by what the catalog lists, so that those `pgqueue grant` adds go too;
+# functions before tables (some return a table's row type), triggers before functions.
+_DROP_TRIGGERS_AND_FUNCTIONS = """
+DO $$
+DECLARE
+    t record;
+    f regprocedure;
+BEGIN
+    FOR t IN SELECT tg.tgname, tg.tgrelid::regclass AS rel FROM pg_trigger tg
+             JOIN pg_class c ON c.oid = tg.tgrelid
+             WHERE c.relnamespace = 'pgqueue'::regnamespace AND NOT tg.tgisinternal
+    LOOP
+        EXECUTE format('DROP TRIGGER %I ON %s', t.tgname, t.rel);
+    END LOOP;
+    FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
+             WHERE p.pronamespace = 'pgqueue'::regnamespace
+    LOOP
+        EXECUTE format('DROP FUNCTION %s', f);
+    END LOOP;
+END
+$$
+"""
+_DROP_TABLES_AND_TYPES = """
+DROP TABLE IF EXISTS pgqueue.jobs, pgqueue.tenants, pgqueue.throttle_events, pgqueue.demotions,
+    pgqueue.usage_daily, pgqueue.deficits, pgqueue.tier_state, pgqueue.drr_inbox,
+    pgqueue.queue_counts, pgqueue.admission, pgqueue.rate_limits;
+DROP TYPE IF EXISTS pgqueue.enqueue_batch_item, pgqueue.job_state, pgqueue.tier, pgqueue.origin;
+"""
 
 
 def upgrade() -> None:
@@ -39,26 +63,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    # Everything but the schema itself, which holds alembic's version table. The functions are
-    # dropped by what the catalog lists, so that one `pgqueue grant` added goes too.
-    views = ", ".join(f"pgqueue.{v.strip()}" for v in _VIEWS.split(","))
-    tables = ", ".join(f"pgqueue.{t.strip()}" for t in _TABLES.split(","))
-    types = ", ".join(f"pgqueue.{t.strip()}" for t in _TYPES.split(","))
-    op.execute(f"DROP VIEW IF EXISTS {views}")
-    op.execute(f"DROP TABLE IF EXISTS {tables}")
-    op.execute(
-        """
-        DO $$
-        DECLARE
-            f regprocedure;
-        BEGIN
-            FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
-                     WHERE p.pronamespace = 'pgqueue'::regnamespace
-            LOOP
-                EXECUTE format('DROP FUNCTION %s', f);
-            END LOOP;
-        END
-        $$
-        """
-    )
-    op.execute(f"DROP TYPE IF EXISTS {types}")
+    op.execute(_DROP_VIEWS)
+    op.execute(_DROP_TRIGGERS_AND_FUNCTIONS)
+    op.execute(_DROP_TABLES_AND_TYPES)
