@@ -193,20 +193,11 @@ ORDER BY j.kind
 
 -- name: job_requeue_failed :many
 -- `pgqueue retry`: failed jobs matching every given filter go back to the queue with fresh
--- counters; last_error is kept until the next attempt overwrites it.
-UPDATE pgqueue.jobs
-SET state = 'queued',
-    attempts = 0,
-    throttle_retries = 0,
-    run_at = now(),
-    finished_at = NULL
-WHERE state = 'failed'
-  AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s::text)
-  AND (%(tier)s::text IS NULL OR priority = %(tier)s::pgqueue.tier)
-  AND (%(reason)s::text IS NULL OR last_error ILIKE '%%' || %(reason)s::text || '%%')
-  AND (%(since)s::timestamptz IS NULL OR finished_at >= %(since)s::timestamptz)
-  AND (%(until)s::timestamptz IS NULL OR finished_at < %(until)s::timestamptz)
-RETURNING id
+-- counters (pgqueue.retry_failed, revision 0034; `reason` is a literal substring of
+-- last_error, any case); last_error is kept until the next attempt overwrites it.
+SELECT r.id
+FROM pgqueue.retry_failed(%(tenant_id)s, %(tier)s::pgqueue.tier, %(reason)s,
+                          %(since)s, %(until)s) AS r(id)
 
 -- name: job_prune :one
 -- Retention: delete up to `limit` finished jobs (succeeded, failed, cancelled) that finished

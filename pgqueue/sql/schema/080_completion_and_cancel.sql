@@ -1,6 +1,7 @@
 -- After the claim: the update trigger that keeps counters, the DRR inbox and usage in step
--- with every state change of a job (completion, retry, throttle, rescue, cancel), and
--- cancelling jobs (queued or running: a running job loses its lease, fencing off its worker).
+-- with every state change of a job (completion, retry, throttle, rescue, cancel), cancelling
+-- jobs (queued or running: a running job loses its lease, fencing off its worker), and an
+-- operator's retries of failed jobs (one, or in bulk).
 
 -- Changed rows: queued counters, then the usage of successes with token counts charged to
 -- their tenants' day and the budget rule (one upsert per tenant, in tenant order, so that
@@ -200,4 +201,71 @@ BEGIN
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END
+$$;
+
+-- Retry one failed or cancelled job (the dashboard's "retry"; revision 0034).
+CREATE OR REPLACE FUNCTION pgqueue.retry(job_id bigint, tenant_id text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+-- Put one failed or cancelled job back in the queue with fresh attempt and throttle counters,
+-- due now; returns its state after the call: 'queued', or its state unchanged when it was
+-- not failed or cancelled. last_error is kept until the next attempt overwrites it (as
+-- pgqueue.retry_failed does). With `tenant_id`, only that tenant's job. The counters
+-- (queue_counts) and the DRR bookkeeping follow through the jobs triggers.
+-- Raises PQ011 when there is no such job, PQ009 for a NULL job_id.
+DECLARE
+    found_state pgqueue.job_state;
+    found_tenant text;
+BEGIN
+    IF retry.job_id IS NULL THEN
+        RAISE EXCEPTION 'job_id must not be NULL' USING ERRCODE = 'PQ009';
+    END IF;
+    SELECT j.state, j.tenant_id INTO found_state, found_tenant
+    FROM pgqueue.jobs j
+    WHERE j.id = retry.job_id
+      AND (retry.tenant_id IS NULL OR j.tenant_id = retry.tenant_id)
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PQ011', MESSAGE = format(
+            'no job %s%s', retry.job_id,
+            CASE WHEN retry.tenant_id IS NULL THEN ''
+                 ELSE format(' of tenant %s', quote_literal(retry.tenant_id)) END);
+    END IF;
+    IF found_state NOT IN ('failed', 'cancelled') THEN
+        RETURN found_state::text;
+    END IF;
+    UPDATE pgqueue.jobs j
+    SET state = 'queued', attempts = 0, throttle_retries = 0, run_at = now(), finished_at = NULL
+    WHERE j.id = retry.job_id AND j.tenant_id = found_tenant;
+    RETURN 'queued';
+END
+$$;
+
+-- Re-queue failed jobs in bulk (`pgqueue retry`, the dashboard's "re-queue a tenant's failed
+-- jobs"; revision 0034).
+CREATE OR REPLACE FUNCTION pgqueue.retry_failed(tenant_id text DEFAULT NULL,
+                                                tier pgqueue.tier DEFAULT NULL,
+                                                reason text DEFAULT NULL,
+                                                since timestamptz DEFAULT NULL,
+                                                until timestamptz DEFAULT NULL)
+RETURNS SETOF bigint
+LANGUAGE sql
+AS $$
+-- Re-queue the failed jobs that match every filter given (NULL: any) with fresh attempt and
+-- throttle counters, due now; returns their ids. `reason` is a substring of last_error,
+-- matched literally and case-insensitively; since/until bound finished_at (until excluded).
+-- last_error is kept until the next attempt overwrites it. `pgqueue retry`, and the
+-- dashboard's "re-queue a tenant's failed jobs".
+    UPDATE pgqueue.jobs j
+    SET state = 'queued', attempts = 0, throttle_retries = 0, run_at = now(), finished_at = NULL
+    WHERE j.state = 'failed'
+      AND (retry_failed.tenant_id IS NULL OR j.tenant_id = retry_failed.tenant_id)
+      AND (retry_failed.tier IS NULL OR j.priority = retry_failed.tier)
+      AND (retry_failed.reason IS NULL
+           OR strpos(lower(j.last_error), lower(retry_failed.reason)) > 0)
+      AND (retry_failed.since IS NULL OR j.finished_at >= retry_failed.since)
+      AND (retry_failed.until IS NULL OR j.finished_at < retry_failed.until)
+    RETURNING j.id
 $$;
