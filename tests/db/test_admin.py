@@ -151,6 +151,7 @@ def _counters_match(conn) -> None:
 
     counted = [r for r in queries.run(conn, "queue_counts_by_key") if r["queued"]]
     actual = queries.run(conn, "queue_counts_actual")
+
     def key(r):
         return (r["tier"], r["tenant_id"] or "", r["queued"])
 
