@@ -451,6 +451,8 @@ _FLOAT_OPTIONS = [
     (["simulate"], "--duration", "between 1 and 1e9", ["0.5", "2e9"]),
     (["simulate"], "--rate", "of at least 1", ["0.5"]),
     (["simulate"], "--urgent-share", "greater than 0 and less than 1", ["0", "1"]),
+    (["dashboard"], "--refresh-seconds", "between 0 and 3600", ["-1", "3601"]),
+    (["dashboard"], "--window", "between 1 and 1e9", ["0.5", "2e9"]),
 ]
 
 
@@ -744,6 +746,9 @@ _INT_OPTIONS = [
     (["simulate"], "--workers", "1 to 10000", ["0", "10001"]),
     (["simulate"], "--normal-cap", "0 to 2^63-1", ["-1", "9223372036854775808"]),
     (["simulate"], "--urgent-cap", "0 to 2^63-1", ["-1", "9223372036854775808"]),
+    (["jobs", "list"], "--limit", "1 to 1000", ["0", "1001"]),
+    (["jobs", "list"], "--before", "1 to 2^63-1", ["0", "9223372036854775808"]),
+    (["dashboard"], "--port", "1 to 65535", ["0", "65536"]),
 ]
 
 
@@ -784,8 +789,14 @@ def test_no_int_option_is_left_to_typer():
         ("replay", "--seed"),
         ("simulate", "--seed"),
         ("cancel", "--job-id"),
+        ("jobs_show", "--job-id"),
     }
-    names = {"tenants": "tenants_", "admission": "admission_", "limits": "limits_"}
+    names = {
+        "tenants": "tenants_",
+        "admission": "admission_",
+        "limits": "limits_",
+        "jobs": "jobs_",
+    }
     checked = {
         (names.get(command[0], "") + (command[1] if command[0] in names else command[0]), option)
         for command, option, _, _ in _INT_OPTIONS
