@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -210,7 +211,9 @@ def main() -> None:
             ).fetchall()
         )
         version = conn.execute("SHOW server_version").fetchone()
+    load_before = os.getloadavg()
     results = measure(dsn, args.requests)
+    load_after = os.getloadavg()
     if not args.keep:
         with psycopg.connect(args.dsn, autocommit=True) as conn:
             conn.execute(
@@ -222,6 +225,7 @@ def main() -> None:
         "tenants": args.tenants,
         "postgres": version[0] if version else None,
         "machine": f"{platform.machine()}, {platform.system()}, python {platform.python_version()}",
+        "load_average_1m_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
         "pages": results,
     }
     if args.json:

@@ -116,6 +116,7 @@ class Dashboard:
             min_size=1,
             max_size=config.pool_size,
             kwargs={"autocommit": True, "application_name": "pgqueue-dashboard"},
+            timeout=10.0,  # a page waits this long for a connection, then answers 503
             open=False,
         )
         self.executor = ThreadPoolExecutor(
