@@ -7,7 +7,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -28,6 +28,9 @@ from pgqueue.cli import (
     int_in_range,
 )
 from pgqueue.worker.shutdown import work_until_stopped
+
+if TYPE_CHECKING:
+    from pgqueue.worker.runtime import Worker, WorkerStats
 
 #: `replay --against-sandbox --rate-scale` at most: 50 RPM x 2e7 is 1e9, the most
 #: `pgqueue limits set --rpm` takes.
@@ -80,17 +83,51 @@ def work(
     target = _dsn(settings, dsn)
     registry = load_app(app_spec) if app_spec else Registry()
     if metrics_port is not None:
+        _check_can_listen("0.0.0.0", metrics_port)
         from prometheus_client import start_http_server
 
         from pgqueue.observability.metrics import WORKER_REGISTRY
 
         start_http_server(metrics_port, registry=WORKER_REGISTRY)
     worker = Worker(target, settings, registry, concurrency=concurrency, burst=burst, listen=listen)
-    stats = asyncio.run(work_until_stopped(worker))
+    wake = "LISTEN/NOTIFY" if listen else "polling only"
+    err_console.print(
+        f"worker {worker.worker_id} started: {worker.concurrency} slots, {wake} (poll every "
+        f"{settings.poll_interval_seconds:g} s), {'burst' if burst else 'until SIGTERM'}, "
+        f"database {_where(target)}",
+        markup=False,
+        highlight=False,
+    )
+    stats = asyncio.run(_work_showing_progress(worker))
     done = ", ".join(f"{k} {v}" for k, v in sorted(stats.outcomes.items())) or "nothing"
     console.print(
         f"worker {worker.worker_id} stopped: claimed {stats.claimed} ({done})", markup=False
     )
+
+
+def _where(dsn: str) -> str:
+    """A DSN as "database on host" (no user, no password)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    parts = conninfo_to_dict(dsn)
+    return f"{parts.get('dbname') or 'default'} on {parts.get('host') or 'the local socket'}"
+
+
+async def _work_showing_progress(worker: Worker) -> WorkerStats:
+    """Run the worker; on a terminal, a live line of its counts (a log gets none)."""
+    from pgqueue.progress import Phases
+
+    if not err_console.is_terminal:
+        return await work_until_stopped(worker)
+    with Phases(err_console) as phases:
+        phases.phase("working")
+        task = asyncio.ensure_future(work_until_stopped(worker))
+        while not task.done():
+            await asyncio.wait({task}, timeout=0.5)
+            done = sum(worker.stats.outcomes.values())
+            outcomes = ", ".join(f"{k} {v}" for k, v in sorted(worker.stats.outcomes.items()))
+            phases.update(done, f"claimed {worker.stats.claimed}; {outcomes}")
+        return task.result()
 
 
 @app.command()
@@ -118,6 +155,7 @@ def metrics(
     int_in_range("--port", port, 1, 65535)
     int_in_range("--top-tenants", top_tenants, 1, _MAX_TENANTS)
     finite_in_range("--refresh-seconds", refresh_seconds, 0.0, _MAX_SECONDS)
+    _check_can_listen(host, port)  # a busy port: one line naming the address, exit 2
     # The database is read once before serving: unreachable, or without the schema, the
     # command exits 1 as every other does (found by a tester: it served an empty queue).
     registry = database_registry(

@@ -127,6 +127,25 @@ def test_origin_in_any_case(db_dsn):
     assert result.exit_code == 2 and "UnknownOrigin" in result.stderr
 
 
+def test_a_busy_metrics_port_is_named(db_dsn):
+    """Found by a tester: `pgqueue metrics --port` on a port in use gave a bare OSError (and
+    `work --metrics-port` the same); now one line names the address, as the sandbox's does."""
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = run("metrics", "--port", port, "--dsn", db_dsn)
+        assert result.exit_code == 2
+        assert _lines(result) == [
+            f"InvalidArgument: cannot listen on 0.0.0.0:{port}: Address already in use"
+        ]
+        result = run("work", "--burst", "--metrics-port", port, "--dsn", db_dsn)
+        assert result.exit_code == 2
+        assert _lines(result) == [
+            f"InvalidArgument: cannot listen on 0.0.0.0:{port}: Address already in use"
+        ]
+
+
 def test_option_ranges(db_dsn):
     assert run("demo", "--speedup", "0").exit_code == 2
     assert run("sandbox", "--port", "99999").exit_code == 2
