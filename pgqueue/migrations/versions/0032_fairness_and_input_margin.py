@@ -1,5 +1,5 @@
-"""Jain's index over the tenants backlogged now, over the span they were all backlogged;
-no data (NULL) is not 1.0.
+"""Jain's index over the tenants backlogged now, over the span they were all backlogged, no
+data (NULL) is not 1.0; and the limiter keeps a margin for its input-token estimate.
 
 ``pgqueue.fairness_in`` (behind the view ``pgqueue.fairness``) counted as backlogged every tenant
 served in the window, so once most tenants had drained a fair schedule read unfair (8 tenants
@@ -7,6 +7,11 @@ at 0.997 while all were backlogged, then 0.33 over 5 minutes), and with nothing 
 1.0. Now it compares the tenants with due work waiting now, over the span since the latest of
 their backlogs began (at most the window), and answers NULL with fewer than two of them or
 less than one DRR round served (issue 29, item 5).
+
+``pgqueue.ratelimit_try_take`` admitted input tokens up to the bucket's whole level, though
+they are an estimate: a worker starting on a full 40k bucket admitted 40.3-40.4k in its first
+second and met a 429. The input bucket now keeps a margin (GUC
+``pgqueue.ratelimit_input_margin``, 2 % of the per-minute limit) (issue 29, item 12).
 
 Revision ID: 0032
 Revises: 0030
@@ -108,10 +113,85 @@ AS $$
 $$;
 """
 
+RATELIMIT_TRY_TAKE = """\
+CREATE OR REPLACE FUNCTION pgqueue.ratelimit_try_take(p_model text, p_input_tokens double precision,
+                                                      p_output_tokens double precision)
+RETURNS double precision
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    r pgqueue.rate_limits := pgqueue.ratelimit_row(p_model);
+    need_in double precision := p_input_tokens * r.input_estimate_ratio;
+    margin double precision := least(
+        pgqueue.setting('ratelimit_input_margin', 0.02) * r.input_tokens_per_minute,
+        greatest(0, r.input_tokens_per_minute - need_in));
+    wait double precision := 0;
+BEGIN
+    IF r.cooldown_until > now() THEN
+        RETURN extract(epoch FROM r.cooldown_until - now());
+    END IF;
+    IF need_in > r.input_tokens_per_minute OR p_output_tokens > r.output_tokens_per_minute THEN
+        RETURN 'Infinity'::double precision;
+    END IF;
+    wait := greatest(
+        (1 - r.requests_available) / (r.requests_per_minute / 60.0),
+        (need_in + margin - r.input_tokens_available) / (r.input_tokens_per_minute / 60.0),
+        (p_output_tokens - r.output_tokens_available) / (r.output_tokens_per_minute / 60.0),
+        0);
+    IF wait > 0 THEN
+        PERFORM pgqueue.ratelimit_save(r);
+        RETURN wait;
+    END IF;
+    r.requests_available := r.requests_available - 1;
+    r.input_tokens_available := r.input_tokens_available - need_in;
+    r.output_tokens_available := r.output_tokens_available - p_output_tokens;
+    PERFORM pgqueue.ratelimit_save(r);
+    RETURN 0;
+END
+$$;
+"""
+
+RATELIMIT_TRY_TAKE_BEFORE = """\
+CREATE OR REPLACE FUNCTION pgqueue.ratelimit_try_take(p_model text, p_input_tokens double precision,
+                                                      p_output_tokens double precision)
+RETURNS double precision
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    r pgqueue.rate_limits := pgqueue.ratelimit_row(p_model);
+    need_in double precision := p_input_tokens * r.input_estimate_ratio;
+    wait double precision := 0;
+BEGIN
+    IF r.cooldown_until > now() THEN
+        RETURN extract(epoch FROM r.cooldown_until - now());
+    END IF;
+    IF need_in > r.input_tokens_per_minute OR p_output_tokens > r.output_tokens_per_minute THEN
+        RETURN 'Infinity'::double precision;
+    END IF;
+    wait := greatest(
+        (1 - r.requests_available) / (r.requests_per_minute / 60.0),
+        (need_in - r.input_tokens_available) / (r.input_tokens_per_minute / 60.0),
+        (p_output_tokens - r.output_tokens_available) / (r.output_tokens_per_minute / 60.0),
+        0);
+    IF wait > 0 THEN
+        PERFORM pgqueue.ratelimit_save(r);
+        RETURN wait;
+    END IF;
+    r.requests_available := r.requests_available - 1;
+    r.input_tokens_available := r.input_tokens_available - need_in;
+    r.output_tokens_available := r.output_tokens_available - p_output_tokens;
+    PERFORM pgqueue.ratelimit_save(r);
+    RETURN 0;
+END
+$$;
+"""
+
 
 def upgrade() -> None:
     op.execute(FAIRNESS_IN)
+    op.execute(RATELIMIT_TRY_TAKE)
 
 
 def downgrade() -> None:
     op.execute(FAIRNESS_IN_BEFORE)
+    op.execute(RATELIMIT_TRY_TAKE_BEFORE)
