@@ -103,10 +103,11 @@ def test_rule_validation():
 
 
 def test_a_take_leaves_the_margin_unless_the_request_is_too_large_for_it():
+    bucket = TokenBucket(40_000, 39_000, 0.0)
+    assert bucket.try_take(38_500, 0.0, margin=800)[0] is False  # would leave 500 < 800
+    assert bucket.try_take(38_200, 0.0, margin=800)[0] is True
+    assert bucket.seconds_until(38_500, 0.0, margin=800) == (38_500 + 800 - 39_000) / (40_000 / 60)
     full = TokenBucket.full(40_000, now=0.0)
-    assert full.try_take(39_500, 0.0, margin=800)[0] is False
-    assert full.try_take(39_200, 0.0, margin=800)[0] is True
     assert full.try_take(39_900, 0.0, margin=800)[0] is True  # leaves what it can: 100
-    assert full.seconds_until(39_500, 0.0, margin=800) == 0.0  # kept: 500, the capacity's rest
     ok, after = full.try_take(1_000, 0.0, margin=800)
     assert ok and after.available == 39_000  # only the amount is taken
