@@ -346,7 +346,7 @@ def replay(
 @app.command()
 @cli_errors
 def demo(
-    requests: Annotated[int, typer.Option(help="Requests from the trace, 2 to 2^63-1.")] = 400,
+    requests: Annotated[int, typer.Option(help="Requests from the trace, 1 to 2^63-1.")] = 400,
     speedup: Annotated[float, typer.Option(help="Replay speed-up, at least 0.01.")] = 5.0,
     concurrency: Annotated[
         int, typer.Option(help=f"Jobs in flight per queue, 1 to {MAX_CONCURRENCY}.")
@@ -376,7 +376,7 @@ def demo(
     from pgqueue.demo_figures import figures_json, render, terminal_chart, write_chart
     from pgqueue.progress import Phases
 
-    int_in_range("--requests", requests, 2, _INT64_MAX)
+    int_in_range("--requests", requests, 1, _INT64_MAX)
     int_in_range("--concurrency", concurrency, 1, MAX_CONCURRENCY)
     finite_in_range("--speedup", speedup, 0.01)
     finite_in_range("--load", load, 0.1, 100.0)

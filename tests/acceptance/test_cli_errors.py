@@ -467,6 +467,7 @@ _FLOAT_OPTIONS = [
     (["replay"], "--speedup", "of at least 0.01", ["0"]),
     (["replay"], "--rate-scale", "between 0.01 and 2e7", ["0", "3e7"]),
     (["demo"], "--speedup", "of at least 0.01", ["0"]),
+    (["demo"], "--load", "between 0.1 and 100", ["0.05", "101"]),
     (["simulate"], "--duration", "between 1 and 1e9", ["0.5", "2e9"]),
     (["simulate"], "--rate", "of at least 1", ["0.5"]),
     (["simulate"], "--urgent-share", "greater than 0 and less than 1", ["0", "1"]),
