@@ -97,6 +97,7 @@ def _environment() -> Environment:
     )
     env.filters["secs"] = lambda v: "-" if v is None else f"{v:.2f}"
     env.filters["pct"] = lambda v: "-" if v is None else f"{100 * v:.1f} %"
+    env.filters["jain"] = lambda v: "no data" if v is None else f"{v:.3f}"
     env.filters["num"] = lambda v: "-" if v is None else f"{v:,.0f}"
     # JSON as plain text (autoescape escapes it), not tojson's Markup with \u003c escapes
     env.filters["pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False, default=str)

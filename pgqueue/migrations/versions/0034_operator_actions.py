@@ -6,7 +6,7 @@ a plain upsert). New objects only; their text is that of 080_completion_and_canc
 020_settings_and_tenants.sql.
 
 Revision ID: 0034
-Revises: 0030
+Revises: 0032
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0034"
-down_revision = "0030"
+down_revision = "0032"
 branch_labels = None
 depends_on = None
 
