@@ -89,3 +89,32 @@ def test_a_lone_backlogged_tenant_is_no_data(db_dsn):
             _job(conn, "done", "succeeded", 100, 99 - k)
         conn.commit()
         assert _fairness(conn) == [(None, 1, None), ("standard", 1, None)]
+
+
+def test_fairness_reads_only_the_windows_jobs(db_dsn):
+    """EXPLAIN guard: pgqueue.fairness_in joined the served jobs to the backlogged tenants by
+    sorting the whole jobs table (3 s at 1M jobs, bench/dashboard.py: `pgqueue status`, the
+    exporter and the dashboard's overview read it); with the window as a bound (revision
+    0034) it reads them by jobs_started_at_idx."""
+    from tests.db.test_drr_explain import _load_auto_explain, _log_plans
+
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("INSERT INTO pgqueue.tenants (tenant_id) VALUES ('a'), ('b')")
+        c.execute(
+            "INSERT INTO pgqueue.jobs (tenant_id, origin, priority, state, payload, cost,"
+            " enqueued_at, started_at, finished_at)"
+            " SELECT (ARRAY['a', 'b'])[1 + g % 2], 'scheduled', 'standard', 'succeeded', '{}', 1,"
+            " now() - interval '2 days', now() - interval '2 days', now() - interval '2 days'"
+            " FROM generate_series(1, 50000) g"
+        )
+        for tenant in ("a", "b"):
+            _job(c, tenant, "queued", 30.0, None)
+            _job(c, tenant, "succeeded", 60.0, 20.0)
+        c.execute("ANALYZE pgqueue.jobs")
+        plans: list[str] = []
+        _load_auto_explain(c)
+        _log_plans(c, plans)
+        c.execute("SELECT * FROM pgqueue.fairness_in(interval '5 minutes')").fetchall()
+    text = "\n".join(plans)
+    assert "fairness_in" in text or "jobs" in text, text
+    assert "Seq Scan on jobs" not in text, text

@@ -118,6 +118,9 @@ AS $$
         LEFT JOIN pgqueue.jobs j
                ON j.tenant_id = p.tenant_id AND j.priority = p.tier
               AND j.started_at >= least(p.tier_since, p.all_since)
+              -- implied (every span starts in the window), and lets the join read only the
+              -- window's jobs by jobs_started_at_idx, not sort the whole table (3 s at 1M)
+              AND j.started_at >= (SELECT b.t0 FROM bounds b)
         GROUP BY p.tenant_id, p.tier
     ), per_tenant AS (
         SELECT s.tier, s.tenant_id, s.c_tier AS c, pgqueue.tenant_quantum(s.tenant_id) AS q
