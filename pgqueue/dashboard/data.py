@@ -73,12 +73,20 @@ def depth(conn: psycopg.Connection[Any], *, window_seconds: float) -> dict[str, 
     }
 
 
+def fairness(conn: psycopg.Connection[Any], *, window_seconds: float) -> dict[str, Any]:
+    """Jain's index (``pgqueue.fairness_in`` over ``window_seconds``): ``fairness``, all tiers
+    as ``all`` and per tier; None where there is no data."""
+    window = {"window_seconds": window_seconds}
+    rows = queries.run(conn, "report_fairness", window)
+    return {"fairness": {(r["tier"] or "all"): _plain(r) for r in rows}}
+
+
 def service(conn: psycopg.Connection[Any], *, window_seconds: float) -> dict[str, Any]:
     """The overview's service and pressure: ``latency`` (per tier: p50/p95/p99 over
-    ``window_seconds`` against the SLO, with colour classes), ``fairness`` (Jain's index, all
-    tiers as ``all`` and per tier), ``demotions`` (now), ``throttles_by_tenant`` /
-    ``throttles_by_model`` / ``throttles_total`` (429/529 in the last minute), ``models``
-    (each model's three buckets, their share available, and cooldown)."""
+    ``window_seconds`` against the SLO, with colour classes), ``demotions`` (now),
+    ``throttles_by_tenant`` / ``throttles_by_model`` / ``throttles_total`` (429/529 in the
+    last minute), ``models`` (each model's three buckets, their share available, and
+    cooldown)."""
     window = {"window_seconds": window_seconds}
     latency = []
     for r in queries.run(conn, "report_latency_slo", window):
@@ -86,9 +94,6 @@ def service(conn: psycopg.Connection[Any], *, window_seconds: float) -> dict[str
         for p in ("p50", "p95", "p99"):
             row[f"{p}_class"] = slo_class(row[f"{p}_seconds"], row["slo_p99_seconds"])
         latency.append(row)
-    fairness = {
-        (r["tier"] or "all"): _plain(r) for r in queries.run(conn, "report_fairness", window)
-    }
     recent = {"window_seconds": THROTTLE_WINDOW_SECONDS}
     by_tenant = [_plain(r) for r in queries.run(conn, "report_throttles_by_tenant", recent)]
     by_model = [_plain(r) for r in queries.run(conn, "dashboard_throttles_by_model", recent)]
@@ -101,7 +106,6 @@ def service(conn: psycopg.Connection[Any], *, window_seconds: float) -> dict[str
     return {
         "window_seconds": window_seconds,
         "latency": latency,
-        "fairness": fairness,
         "demotions": [_plain(r) for r in queries.run(conn, "report_demotions")],
         "throttles_by_tenant": by_tenant,
         "throttles_by_model": by_model,
@@ -110,16 +114,16 @@ def service(conn: psycopg.Connection[Any], *, window_seconds: float) -> dict[str
     }
 
 
-#: The overview's parts: independent reads, which the dashboard runs side by side on
-#: connections of their own (each scans the queued jobs once: depth by lane, fairness).
+#: The overview's parts read on every page: independent, so the dashboard runs them side by
+#: side on connections of their own. :func:`fairness` is read apart, in the background.
 OVERVIEW_PARTS = (depth, service)
 
 
 def overview(conn: psycopg.Connection[Any], *, window_seconds: float) -> dict[str, Any]:
-    """Everything the overview shows (:func:`depth` and :func:`service`), read one after the
-    other on ``conn``."""
+    """Everything the overview shows (:func:`depth`, :func:`service`, :func:`fairness`), read
+    one after the other on ``conn``."""
     found: dict[str, Any] = {}
-    for part in OVERVIEW_PARTS:
+    for part in (*OVERVIEW_PARTS, fairness):
         found.update(part(conn, window_seconds=window_seconds))
     return found
 
