@@ -161,6 +161,19 @@ def is_utf8_encodable(text: str) -> bool:
     return True
 
 
+def storable_text(text: str, limit: int) -> str:
+    """``text`` made storable in a ``text`` column, at most ``limit`` characters: U+0000 becomes
+    the four characters ``\\x00`` and a lone surrogate its ``\\udXXX`` escape (Postgres refuses
+    both). Used for error text from handlers and providers, which may hold anything (found by a
+    fault run: ``RuntimeError("boom \\x00")`` failed the outcome write, and the job stayed
+    ``running`` until its lease expired)."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    if not is_utf8_encodable(text):
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text[:limit]
+
+
 def check_origin(origin: object) -> Origin:
     """Parse ``origin``; raises :class:`UnknownOrigin` for anything but the three origins."""
     if isinstance(origin, Origin):

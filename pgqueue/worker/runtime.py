@@ -34,11 +34,12 @@ from pgqueue.db.migrate import check_schema
 from pgqueue.handlers.anthropic import KIND as ANTHROPIC_KIND
 from pgqueue.handlers.anthropic import AnthropicMessagesHandler, prepare_for_worker
 from pgqueue.handlers.registry import NOOP_KIND, Registry, noop
-from pgqueue.models import Interrupted, Job, Outcome
+from pgqueue.models import Failed, Interrupted, Job, Outcome
 from pgqueue.observability import metrics
 from pgqueue.settings import Settings
 from pgqueue.worker import shutdown, upkeep
 from pgqueue.worker.completer import Completer, OutcomeAbandoned
+from pgqueue.worker.decoding import Undecodable, configure_connection
 from pgqueue.worker.executor import SharedDeadline, execute, sync_handlers_running
 from pgqueue.worker.inflight import InFlight
 from pgqueue.worker.lease_keeper import LeaseKeeper
@@ -215,6 +216,7 @@ class Worker:
             max_size=pool_size,
             kwargs={"autocommit": True, "prepare_threshold": self.settings.prepare_threshold},
             reconnect_timeout=POOL_RECONNECT_SECONDS,
+            configure=configure_connection,
             open=False,
         )
         await self._pool.open(wait=True)
@@ -384,9 +386,15 @@ class Worker:
                 deadline.finish()
                 continue
             claimed += 1
+            payload = row["payload"]
+            poison = payload if isinstance(payload, Undecodable) else None
+            if poison is not None:
+                row = {**row, "payload": {}}
             job = Job.from_row(row)
             by_tier[job.priority.value] += 1
-            task = asyncio.create_task(self._run_job(job, deadline), name=f"pgqueue-job-{job.id}")
+            task = asyncio.create_task(
+                self._run_job(job, deadline, poison), name=f"pgqueue-job-{job.id}"
+            )
             if self._jobs.add(job, task):  # an earlier run of it here lost its lease
                 self.stats.lost_leases += 1
             if self._stopping:
@@ -423,14 +431,24 @@ class Worker:
                     )
         return None if row is None or row["seconds"] is None else float(row["seconds"])
 
-    async def _run_job(self, job: Job, deadline: SharedDeadline) -> None:
+    async def _run_job(
+        self, job: Job, deadline: SharedDeadline, poison: Undecodable | None = None
+    ) -> None:
+        """Run ``job`` and record its outcome; a job whose payload could not be decoded
+        (``poison``) is not run but failed for good, naming why, and its claim's other jobs run
+        as usual."""
         assert self._completer is not None
         outcome: Outcome
         released = False
         lease = job.lease
         try:
             try:
-                outcome = await execute(job, self.registry, self.settings, self._rng, deadline)
+                if poison is not None:
+                    log.error("job %s: its payload cannot be decoded (%s)", job.id, poison.reason)
+                    reason = f"payload cannot be decoded: {poison.reason}"
+                    outcome = Failed(reason, 0.0, permanent=True)
+                else:
+                    outcome = await execute(job, self.registry, self.settings, self._rng, deadline)
             except asyncio.CancelledError:
                 outcome = Interrupted()
             finally:
