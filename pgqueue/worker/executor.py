@@ -219,7 +219,8 @@ async def execute(
     The handler gets ``provider_timeout_seconds`` (shorter than the lease) from its start,
     timed by ``deadline`` (the claim's :class:`SharedDeadline`) when given. Retry
     delays come from :func:`backoff_seconds`; throttle waits from :func:`throttle_wait_seconds`
-    (the provider's ``retry-after`` × 1.2 ± 20 %). Raises only ``asyncio.CancelledError``.
+    (the provider's ``retry-after`` × 1.2 ± 20 %, never below it). Raises only
+    ``asyncio.CancelledError``.
     """
     try:
         handler = registry.get(job.kind)

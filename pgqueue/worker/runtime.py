@@ -388,9 +388,7 @@ class Worker:
             claimed += 1
             payload = row["payload"]
             poison = payload if isinstance(payload, Undecodable) else None
-            if poison is not None:
-                row = {**row, "payload": {}}
-            job = Job.from_row(row)
+            job = Job.from_row(row if poison is None else {**row, "payload": {}})
             by_tier[job.priority.value] += 1
             task = asyncio.create_task(
                 self._run_job(job, deadline, poison), name=f"pgqueue-job-{job.id}"

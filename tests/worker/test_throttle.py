@@ -32,8 +32,8 @@ PAYLOAD = {
     "max_tokens": 16,
     "messages": [{"role": "user", "content": "hi"}],
 }
-# throttle_wait_seconds: retry-after × 1.2 × U(0.8, 1.2); microsecond rounding in the interval
-LOW, HIGH, EPS = 1.2 * 0.8, 1.2 * 1.2, 1e-5
+# throttle_wait_seconds: retry-after × U(1.0, 1.44); microsecond rounding in the interval
+LOW, HIGH, EPS = 1.0, 1.2 * 1.2, 1e-5
 
 
 def _settings(base_url: str) -> Settings:
