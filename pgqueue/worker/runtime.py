@@ -40,7 +40,12 @@ from pgqueue.settings import Settings
 from pgqueue.worker import shutdown, upkeep
 from pgqueue.worker.completer import Completer, OutcomeAbandoned
 from pgqueue.worker.decoding import Undecodable, configure_connection
-from pgqueue.worker.executor import SharedDeadline, execute, sync_handlers_running
+from pgqueue.worker.executor import (
+    SharedDeadline,
+    execute,
+    runs_in_thread,
+    sync_handlers_running,
+)
 from pgqueue.worker.inflight import InFlight
 from pgqueue.worker.lease_keeper import LeaseKeeper
 from pgqueue.worker.notifier import Notifier
@@ -168,6 +173,16 @@ class Worker:
 
     def _on_signal(self) -> None:
         if self._hard_stop:
+            threads = self._in_threads([task for _job, task in self._jobs.running.values()])
+            if threads:
+                # The only way to stop a thread is to end the process: its jobs' leases then
+                # expire and the rescuer puts them back; nothing runs them twice at once.
+                log.warning(
+                    "another signal: exiting now, with %d synchronous handler(s) still running; "
+                    "their jobs go back to the queue when their leases expire",
+                    len(threads),
+                )
+                os._exit(128 + signal.SIGTERM)
             log.warning(
                 "another signal: no more waiting for outcome writes; "
                 "their jobs go back to the queue when their leases expire"
@@ -546,9 +561,32 @@ class Worker:
             running + flushing, self.settings.shutdown_grace_seconds, self._hard_stopped
         )
         still_running = [task for task in running if task in pending]
-        self._jobs.cancel_handlers(still_running)
-        await self._budget.wait(still_running)
+        in_threads = self._in_threads(still_running)
+        others = [task for task in still_running if task not in in_threads]
+        self._jobs.cancel_handlers(others)
+        await self._budget.wait(others)
+        if in_threads:
+            # A thread cannot be stopped: its job keeps its lease (the heartbeat runs on) until
+            # it returns, and is then recorded as it ended (found by a fault run: returned to
+            # the queue at once, the job ran on another worker beside the thread).
+            log.warning(
+                "waiting for %d synchronous handler(s) to return (a thread cannot be stopped); "
+                "their jobs keep their leases. Another signal ends the process now: their jobs "
+                "then go back to the queue when their leases expire",
+                len(in_threads),
+            )
+            await asyncio.wait(in_threads)
         await self._interrupt_unstarted()
+
+    def _in_threads(self, tasks: list[asyncio.Task[None]]) -> list[asyncio.Task[None]]:
+        """Those of ``tasks`` whose job's handler is a plain function, run in a thread."""
+        return [
+            task
+            for job, task in self._jobs.running.values()
+            if task in tasks
+            and job.kind in self.registry
+            and runs_in_thread(self.registry.get(job.kind))
+        ]
 
     async def _interrupt_unstarted(self) -> None:
         """Return to the queue the jobs whose task was cancelled before its first step (a hard
