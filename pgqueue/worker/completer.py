@@ -377,7 +377,9 @@ class Completer:
                         "wait_seconds": wait,
                         "status_code": status,
                         "retry_after_seconds": hint,
-                        "max_throttle_retries": self._settings.max_throttle_retries,
+                        "max_throttle_wait_seconds": _hours_to_seconds(
+                            self._settings.max_throttle_wait_hours
+                        ),
                     },
                     None,
                 )
@@ -389,6 +391,11 @@ class Completer:
                 return ("job_interrupt", {**key, "error": error, "delay_seconds": delay}, "queued")
             case _:
                 assert_never(outcome)
+
+
+def _hours_to_seconds(hours: float | None) -> float | None:
+    """Hours as seconds (None stays None: no bound)."""
+    return None if hours is None else hours * 3600.0
 
 
 class OutcomeAbandoned(Exception):

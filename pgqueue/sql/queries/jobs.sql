@@ -84,12 +84,17 @@ RETURNING state::text AS state
 -- name: job_throttle :one
 -- Fenced. The provider said 429/529: reschedule at now() + wait (database clock) without
 -- consuming a failure attempt, count the throttle retry, record a throttle event for the
--- tenant; past max_throttle_retries the job fails with the reason kept.
+-- tenant; when the wait would end more than max_throttle_wait_seconds after the job's enqueue
+-- (NULL: never), the job fails with the reason kept.
 WITH moved AS (
     UPDATE pgqueue.jobs
-    SET state = CASE WHEN throttle_retries + 1 > %(max_throttle_retries)s
+    SET state = CASE WHEN now() + make_interval(secs => %(wait_seconds)s)
+                          > enqueued_at + make_interval(secs => %(max_throttle_wait_seconds)s)
                      THEN 'failed'::pgqueue.job_state ELSE 'queued'::pgqueue.job_state END,
-        finished_at = CASE WHEN throttle_retries + 1 > %(max_throttle_retries)s THEN now() END,
+        finished_at = CASE WHEN now() + make_interval(secs => %(wait_seconds)s)
+                               > enqueued_at
+                                 + make_interval(secs => %(max_throttle_wait_seconds)s)
+                           THEN now() END,
         run_at = now() + make_interval(secs => %(wait_seconds)s),
         attempts = greatest(attempts - 1, 0),
         throttle_retries = throttle_retries + 1,
