@@ -48,7 +48,7 @@ from pgqueue.worker.executor import (
 )
 from pgqueue.worker.inflight import InFlight
 from pgqueue.worker.lease_keeper import LeaseKeeper
-from pgqueue.worker.notifier import Notifier
+from pgqueue.worker.notifier import CONNECTION_OPTIONS, Notifier
 from pgqueue.worker.outage import (
     OUTAGE_PAUSE_SECONDS,
     POOL_RECONNECT_SECONDS,
@@ -229,7 +229,11 @@ class Worker:
             self.dsn,
             min_size=1,
             max_size=pool_size,
-            kwargs={"autocommit": True, "prepare_threshold": self.settings.prepare_threshold},
+            kwargs={
+                "autocommit": True,
+                "prepare_threshold": self.settings.prepare_threshold,
+                **CONNECTION_OPTIONS,
+            },
             reconnect_timeout=POOL_RECONNECT_SECONDS,
             configure=configure_connection,
             open=False,
@@ -257,7 +261,9 @@ class Worker:
                 )
             )
         if self.listen:
-            notifier = Notifier(self.dsn, self.wake)
+            notifier = Notifier(
+                self.dsn, self.wake, poll_interval_seconds=self.settings.poll_interval_seconds
+            )
             background.append(asyncio.create_task(notifier.run(self._stop), name="pgqueue-listen"))
         try:
             await self._produce()
