@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from pgqueue.worker.notifier import Notifier
+from tests.apps.harness import wait_until
 from tests.apps.proxy import Proxy
 
 
@@ -49,10 +50,7 @@ async def test_a_connection_whose_listen_failed_is_closed(
 
 
 async def _until(probe: Callable[[], bool], seconds: float, what: str) -> None:
-    async with asyncio.timeout(seconds):
-        while not probe():
-            await asyncio.sleep(0.02)
-    assert probe(), what
+    await asyncio.to_thread(wait_until, probe, timeout=seconds, what=what)
 
 
 @pytest.mark.timeout(60)
