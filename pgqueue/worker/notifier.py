@@ -18,11 +18,12 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 import psycopg
 from psycopg import sql
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
+
+from pgqueue.worker.connections import CONNECTION_OPTIONS
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -30,16 +31,6 @@ log = logging.getLogger("pgqueue.worker")
 CHANNEL = "pgqueue_jobs"
 #: ``application_name`` of the LISTEN connection (find it in ``pg_stat_activity``).
 APPLICATION_NAME = "pgqueue-listen"
-#: libpq options for the worker's connections: TCP keepalives (a peer gone without a close is
-#: found after about 30 + 3 × 10 s of silence) and a bound on connecting (seconds). libpq
-#: ignores the keepalives on a Unix socket.
-CONNECTION_OPTIONS: dict[str, Any] = {
-    "keepalives": 1,
-    "keepalives_idle": 30,
-    "keepalives_interval": 10,
-    "keepalives_count": 3,
-    "connect_timeout": 10,
-}
 
 
 class ListenUnanswered(psycopg.OperationalError):

@@ -39,6 +39,7 @@ from pgqueue.observability import metrics
 from pgqueue.settings import Settings
 from pgqueue.worker import shutdown, upkeep
 from pgqueue.worker.completer import Completer, OutcomeAbandoned
+from pgqueue.worker.connections import CONNECTION_OPTIONS, WorkerPool
 from pgqueue.worker.decoding import Undecodable, configure_connection
 from pgqueue.worker.executor import (
     SharedDeadline,
@@ -48,7 +49,7 @@ from pgqueue.worker.executor import (
 )
 from pgqueue.worker.inflight import InFlight
 from pgqueue.worker.lease_keeper import LeaseKeeper
-from pgqueue.worker.notifier import CONNECTION_OPTIONS, Notifier
+from pgqueue.worker.notifier import Notifier
 from pgqueue.worker.outage import (
     OUTAGE_PAUSE_SECONDS,
     POOL_RECONNECT_SECONDS,
@@ -225,7 +226,7 @@ class Worker:
             return self.stats
         pool_size = min(self.concurrency, 8) + 2
         metrics.SLOTS.set(self.concurrency)
-        self._pool = AsyncConnectionPool(
+        self._pool = WorkerPool(
             self.dsn,
             min_size=1,
             max_size=pool_size,
