@@ -35,6 +35,11 @@ MAX_DEDUPE_KEY_CHARS = 256
 #: means the batch tier; beyond this it is a mistake (2**64 and 2**64 + 1 were both accepted,
 #: and stored as the same double), and ``None`` is the way to say "no SLA".
 MAX_SLA_SECONDS = 315_576_000
+#: Payloads nested this many levels deep (a value at this level below the top object) are
+#: refused: the worker decodes payloads with ``json.loads``, bounded by Python's recursion
+#: limit (found by a fault run: a deeper payload enqueued through SQL crashed every worker
+#: that claimed it). The SQL function ``pgqueue.payload_problem`` refuses the same.
+MAX_PAYLOAD_LEVELS = 512
 #: Control characters (C0, DEL, C1): refused in a dedupe key, an identifier a person reads and
 #: compares; they print as nothing or move the cursor.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -258,7 +263,27 @@ def _encode(payload: object) -> tuple[str, int]:
         raise InvalidPayload("payload is nested too deeply to encode as JSON") from None
     if has_nul_escape(text):
         raise NulCharacter("payload contains a NUL character (U+0000), which Postgres cannot store")
+    # only a text with that many opening brackets can be that deep: counted at C speed
+    if text.count("[") + text.count("{") >= MAX_PAYLOAD_LEVELS and _nested_at_least(
+        payload, MAX_PAYLOAD_LEVELS
+    ):
+        raise InvalidPayload(f"payload is nested {MAX_PAYLOAD_LEVELS} levels deep or more")
     return text, jsonb_size(payload, text, size)
+
+
+def _nested_at_least(payload: object, levels: int) -> bool:
+    """Whether some value of ``payload`` sits ``levels`` levels below it (its members and
+    elements are one level down), as jsonpath's ``strict $.**{levels}`` finds in SQL."""
+    stack: list[tuple[object, int]] = [(payload, 0)]
+    while stack:
+        value, level = stack.pop()
+        if level >= levels:
+            return True
+        if isinstance(value, Mapping):
+            stack.extend((v, level + 1) for v in value.values())
+        elif isinstance(value, list | tuple):
+            stack.extend((v, level + 1) for v in value)
+    return False
 
 
 def jsonb_size(payload: object, text: str, size: int) -> int:

@@ -394,6 +394,8 @@ class Worker:
             retry_seconds=PRODUCER_RETRY_SECONDS,
             connection_wait_seconds=PRODUCER_RETRY_SECONDS,
         )
+        if any(row["id"] is not None for row in rows):
+            await self._make_durable()
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
         metrics.CLAIMS.inc()
         self._blocked_seconds = None
@@ -427,6 +429,22 @@ class Worker:
         self.stats.claimed += claimed
         metrics.SLOTS_IN_USE.set(len(self._jobs.running))
         return claimed
+
+    async def _make_durable(self) -> None:
+        """Wait until the claim just received is flushed to disk (``job_claim_durable``), so
+        that a crash of Postgres cannot lose a claim whose handlers run. If the database does
+        not answer, the jobs run anyway (a claim lost then runs its jobs again, as before)."""
+        assert self._pool is not None
+        try:
+            await run_named(
+                self._pool,
+                "job_claim_durable",
+                {},
+                retry_seconds=PRODUCER_RETRY_SECONDS,
+                connection_wait_seconds=PRODUCER_RETRY_SECONDS,
+            )
+        except (psycopg.Error, PoolTimeout) as exc:
+            log.warning("could not wait for the claim to be flushed (%s)", first_line(exc))
 
     async def _queued_kinds(self, kinds: list[str]) -> list[str]:
         """Which of ``kinds`` still have queued jobs (none asked: no statement); an empty list

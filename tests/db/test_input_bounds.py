@@ -68,3 +68,87 @@ def test_printable_dedupe_keys_are_kept() -> None:
         assert check_dedupe_key(key) == key
     with pytest.raises(errors.NulCharacter):
         check_dedupe_key("a\x00")
+
+
+# --- the SQL entry points refuse the same (revision 0033) -----------------------------------
+
+DEEP = '{"d": ' + "[" * 5000 + "]" * 5000 + "}"
+JUST_TOO_DEEP = '{"d": ' + "[" * 511 + "1" + "]" * 511 + "}"  # the 1 at level 512
+DEEP_ENOUGH = '{"d": ' + "[" * 510 + "1" + "]" * 510 + "}"  # the deepest value at level 511
+DIGITS = '{"n": 1' + "0" * 5000 + "}"
+DIGITS_OK = '{"n": -1' + "0" * 4299 + ', "s": "' + "9" * 5000 + '", "f": 0.' + "1" * 5000 + "}"
+
+
+@pytest.mark.parametrize(
+    ("payload", "problem"),
+    [
+        (DEEP, "nested 512 levels deep or more"),
+        (JUST_TOO_DEEP, "nested 512 levels deep or more"),
+        (DIGITS, "an integer of more than 4300 digits"),
+    ],
+)
+def test_sql_enqueue_refuses_what_python_cannot_decode(
+    conn: psycopg.Connection[tuple[object, ...]], payload: str, problem: str
+) -> None:
+    """Issue 32, defect 1: these were accepted, and crashed every worker that claimed them."""
+    for call in (
+        "SELECT pgqueue.enqueue('b', 'user_action', %s::jsonb, NULL, 'k')",
+        "SELECT pgqueue.enqueue_many(ARRAY['b'], ARRAY['user_action'], ARRAY[%s::jsonb],"
+        " NULL, ARRAY['k'])",
+    ):
+        with pytest.raises(psycopg.Error, match=problem) as caught:
+            conn.execute(call, (payload,))
+        assert caught.value.sqlstate == "PQ001"
+        conn.rollback()
+    assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone() == (0,)
+
+
+def test_sql_and_python_take_the_same_payloads_at_the_edges(
+    conn: psycopg.Connection[tuple[object, ...]],
+) -> None:
+    import json
+
+    for text in (DEEP_ENOUGH, DIGITS_OK):
+        conn.execute("SELECT pgqueue.enqueue('b', 'user_action', %s::jsonb, NULL, 'k')", (text,))
+        _enqueue(conn, payload=json.loads(text))
+    for text in (JUST_TOO_DEEP,):
+        with pytest.raises(errors.InvalidPayload, match="512 levels"):
+            _enqueue(conn, payload=json.loads(text))
+    assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone() == (4,)
+
+
+@pytest.mark.parametrize("sla", ["-0", "0"])
+def test_sql_stores_negative_zero_sla_as_zero(
+    conn: psycopg.Connection[tuple[object, ...]], sla: str
+) -> None:
+    conn.execute(f"SELECT pgqueue.enqueue('b', 'scheduled', '{{}}', {sla}::float8, 'k')")
+    conn.execute(
+        f"SELECT pgqueue.enqueue_many(ARRAY['b'], ARRAY['scheduled'], ARRAY['{{}}'::jsonb],"
+        f" ARRAY[{sla}::float8], ARRAY['k'])"
+    )
+    conn.execute(
+        f"SELECT pgqueue.enqueue_many(ARRAY['b', 'b'], ARRAY['scheduled', 'scheduled'],"
+        f" ARRAY['{{}}', '{{}}']::jsonb[], ARRAY[{sla}::float8, 1], ARRAY['k', 'k'])"
+    )
+    rows = conn.execute("SELECT DISTINCT sla_seconds::text FROM pgqueue.jobs ORDER BY 1").fetchall()
+    assert rows == [("0",), ("1",)]
+
+
+@pytest.mark.parametrize("sla", ["18446744073709551616", "18446744073709551617", "315576001"])
+def test_sql_refuses_an_sla_beyond_ten_years(
+    conn: psycopg.Connection[tuple[object, ...]], sla: str
+) -> None:
+    with pytest.raises(psycopg.Error, match="at most 315576000") as caught:
+        conn.execute(f"SELECT pgqueue.enqueue('b', 'scheduled', '{{}}', {sla}, 'k')")
+    assert caught.value.sqlstate == "PQ005"
+
+
+def test_sql_refuses_a_control_character_in_a_dedupe_key(
+    conn: psycopg.Connection[tuple[object, ...]],
+) -> None:
+    with pytest.raises(psycopg.Error, match="control character") as caught:
+        conn.execute(
+            "SELECT pgqueue.enqueue('b', 'scheduled', '{}', NULL, 'k', dedupe_key => %s)",
+            ("a\x01b",),
+        )
+    assert caught.value.sqlstate == "PQ009"

@@ -12,6 +12,17 @@ SELECT (c.job).id, (c.job).tenant_id, (c.job).kind, (c.job).priority, (c.job).pa
        (c.job).est_input_tokens, c.blocked_seconds
 FROM pgqueue.claim_admitted(%(limit)s, %(worker_id)s, %(lease_seconds)s) AS c
 
+-- name: job_claim_durable :one
+-- Makes the claims this worker received durable before their handlers start. The claim commits
+-- without waiting for its WAL flush (pgqueue.claim_admitted: the scheduler's lock is released
+-- sooner), so a crash of Postgres could lose a claim already handed out, and its jobs ran again
+-- with their attempt not counted (found by a fault run: 4 jobs ran twice, attempts 1). This
+-- statement takes a transaction id and commits with synchronous_commit on: its commit waits
+-- for the WAL to be flushed past its own commit record, so past the claim's too (WAL is one
+-- sequence). The wait is outside the scheduler's lock, and concurrent flushes are grouped.
+SELECT pg_catalog.set_config('synchronous_commit', 'on', true) IS NOT NULL
+       AND pg_catalog.txid_current() IS NOT NULL AS durable
+
 -- name: job_complete :execrows
 -- Fenced: only the lease holder of a running job can record its success.
 UPDATE pgqueue.jobs
