@@ -8,8 +8,9 @@ counted. Three ways to drain the same queue, ``--procs`` processes each claiming
 
 - ``async``: the claim as it was (not durable);
 - ``durable`` (what the worker does now): after each claim that took jobs, the named query
-  ``job_claim_durable`` (a commit that waits for the WAL flush past the claim's commit record,
-  outside the scheduler's lock);
+  ``job_claim_durable`` (one claimed row rewritten as it is, committed with
+  ``synchronous_commit = on``: a commit that waits for the WAL flush past the claim's commit
+  record, outside the scheduler's lock);
 - ``sync``: the claim itself committed with ``synchronous_commit = on`` (``SET LOCAL`` after
   the claim, in its transaction), so the flush happens under the scheduler's lock.
 
@@ -79,7 +80,11 @@ def _drain(args: tuple[str, str, int]) -> int:
             if not rows:
                 return done
             if variant == "durable":
-                queries.run(conn, "job_claim_durable")
+                queries.run(
+                    conn,
+                    "job_claim_durable",
+                    {k: rows[0][k] for k in ("id", "tenant_id", "lease_token")},
+                )
             batch_params = success_batch(
                 (r["id"], r["tenant_id"], r["lease_token"], None, None, None) for r in rows
             )

@@ -39,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -291,7 +292,17 @@ def analyse(folder: Path, deaths: dict[int, float], end: float) -> dict[str, Any
         for (_s1, e1, _p1), (s2, _e2, _p2) in itertools.pairwise(spans):
             if s2 < e1:
                 overlaps += 1
+    after_kill = 0
+    other = 0
+    for job_runs in runs.values():
+        if len(job_runs) > 1:
+            if any(stop is None for _start, stop, _pid in sorted(job_runs)[:-1]):
+                after_kill += 1
+            else:
+                other += 1
     return {
+        "reruns_after_a_kill": after_kill,
+        "reruns_other": other,
         "runs": runs,
         "overlaps": overlaps,
         "started": started_runs,
@@ -393,13 +404,24 @@ def main() -> None:
                     figures["poison_accepted_by_sql"] += 1
                 except psycopg.Error:
                     figures["poison_refused_by_sql"] += 1
+            # jobs due in 2 s, then made undecodable before they are claimed
+            later = [
+                pgqueue.enqueue(
+                    conn,
+                    tenant_id="t0",
+                    origin="scheduled",
+                    payload={"seconds": 0.1},
+                    kind="fault.async",
+                    run_at=datetime.now(UTC) + timedelta(seconds=2),
+                )
+                for _ in range(6)
+            ]
             poisoned = [
                 r[0]
                 for r in conn.execute(
                     "UPDATE pgqueue.jobs SET payload = CASE WHEN id %% 2 = 0 THEN %s::jsonb"
-                    " ELSE %s::jsonb END WHERE id IN (SELECT id FROM pgqueue.jobs"
-                    " WHERE state = 'queued' ORDER BY id DESC LIMIT 6) RETURNING id",
-                    (DEEP, DIGITS),
+                    " ELSE %s::jsonb END WHERE id = ANY (%s) AND state = 'queued' RETURNING id",
+                    (DEEP, DIGITS, later),
                 )
             ]
         figures["poison_rows"] = len(poisoned)
@@ -461,6 +483,8 @@ def main() -> None:
                 "handler_runs": sum(found["started"].values()),
                 "jobs_run_more_than_once": len(rerun),
                 "runs_cut_by_a_kill": found["cut_by_death"],
+                "jobs_rerun_after_their_worker_was_killed": found["reruns_after_a_kill"],
+                "jobs_rerun_otherwise": found["reruns_other"],
                 "jobs_completed_by_handler_more_than_once": sum(
                     1 for n in found["completed"].values() if n > 1
                 ),

@@ -394,8 +394,9 @@ class Worker:
             retry_seconds=PRODUCER_RETRY_SECONDS,
             connection_wait_seconds=PRODUCER_RETRY_SECONDS,
         )
-        if any(row["id"] is not None for row in rows):
-            await self._make_durable()
+        first = next((row for row in rows if row["id"] is not None), None)
+        if first is not None:
+            await self._make_durable(first)
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
         metrics.CLAIMS.inc()
         self._blocked_seconds = None
@@ -430,7 +431,7 @@ class Worker:
         metrics.SLOTS_IN_USE.set(len(self._jobs.running))
         return claimed
 
-    async def _make_durable(self) -> None:
+    async def _make_durable(self, row: dict[str, Any]) -> None:
         """Wait until the claim just received is flushed to disk (``job_claim_durable``), so
         that a crash of Postgres cannot lose a claim whose handlers run. If the database does
         not answer, the jobs run anyway (a claim lost then runs its jobs again, as before)."""
@@ -439,7 +440,7 @@ class Worker:
             await run_named(
                 self._pool,
                 "job_claim_durable",
-                {},
+                {k: row[k] for k in ("id", "tenant_id", "lease_token")},
                 retry_seconds=PRODUCER_RETRY_SECONDS,
                 connection_wait_seconds=PRODUCER_RETRY_SECONDS,
             )

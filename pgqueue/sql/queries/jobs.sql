@@ -12,16 +12,21 @@ SELECT (c.job).id, (c.job).tenant_id, (c.job).kind, (c.job).priority, (c.job).pa
        (c.job).est_input_tokens, c.blocked_seconds
 FROM pgqueue.claim_admitted(%(limit)s, %(worker_id)s, %(lease_seconds)s) AS c
 
--- name: job_claim_durable :one
+-- name: job_claim_durable :execrows
 -- Makes the claims this worker received durable before their handlers start. The claim commits
 -- without waiting for its WAL flush (pgqueue.claim_admitted: the scheduler's lock is released
 -- sooner), so a crash of Postgres could lose a claim already handed out, and its jobs ran again
 -- with their attempt not counted (found by a fault run: 4 jobs ran twice, attempts 1). This
--- statement takes a transaction id and commits with synchronous_commit on: its commit waits
--- for the WAL to be flushed past its own commit record, so past the claim's too (WAL is one
--- sequence). The wait is outside the scheduler's lock, and concurrent flushes are grouped.
-SELECT pg_catalog.set_config('synchronous_commit', 'on', true) IS NOT NULL
-       AND pg_catalog.txid_current() IS NOT NULL AS durable
+-- statement rewrites one claimed row as it is (fenced by its lease) and commits with
+-- synchronous_commit on: a commit that wrote WAL waits for the flush past its own commit
+-- record, so past the claim's too (WAL is one sequence). (A commit that wrote nothing, such as
+-- txid_current()'s, does not wait.) The wait is outside the scheduler's lock, and concurrent
+-- flushes are grouped.
+UPDATE pgqueue.jobs
+SET lease_expires_at = lease_expires_at
+WHERE id = %(id)s AND tenant_id = %(tenant_id)s
+  AND state = 'running' AND lease_token = %(lease_token)s::uuid
+  AND (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL
 
 -- name: job_complete :execrows
 -- Fenced: only the lease holder of a running job can record its success.
