@@ -351,8 +351,18 @@ def main() -> None:
             figures["sigterms"] += 1
             say(f"SIGTERM {pid}")
             time.sleep(3)
+
         # 3. LISTEN connections terminated
+        def listening() -> int:
+            with connect(dsn) as conn:
+                (n,) = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                    ("pgqueue-listen",),
+                ).fetchone()  # type: ignore[misc]
+            return int(n)
+
         for _ in range(5):
+            wait_for(lambda: listening() >= args.workers, 30)
             with connect(dsn) as conn:
                 (n,) = conn.execute(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
