@@ -1,7 +1,7 @@
 """A 429/529 reschedules the job by ``run_at``; no worker slot waits while holding it.
 
 Foundation issue, done-when 5, against the sandbox API with a real worker (in-process) and a
-real database: the throttled job is retried after retry-after × 1.2 ± 20 %, uses no failure
+real database: the throttled job is retried after retry-after × 1.0-1.44, uses no failure
 attempt, leaves one throttle event for its tenant, and while it waits it is an ordinary queued
 row (no worker, no lease) — a one-slot worker runs another job in the meantime.
 """
