@@ -47,6 +47,10 @@ limits_app = typer.Typer(help="The provider's rate limits per model, shared by a
 app.add_typer(limits_app, name="limits")
 admission_app = typer.Typer(help="Admission control: caps of queued jobs and tier policies.")
 app.add_typer(admission_app, name="admission")
+embedded_app = typer.Typer(
+    help="The embedded Postgres (used when no DSN is set) and the test suite's: status, stop."
+)
+app.add_typer(embedded_app, name="embedded")
 # emoji=False: a stored name such as ':smile:' is shown as it is, not as an emoji (found by a
 # tester; markup is turned off where names are printed, emoji codes are a separate switch).
 console = Console(soft_wrap=True, emoji=False)
@@ -361,5 +365,5 @@ def main(
 # The commands register themselves on `app` when imported.
 # Registered in this order, which is the order of `pgqueue --help`.
 # isort: off
-from pgqueue.cli import admin, jobs, run, experiments  # noqa: E402, F401
+from pgqueue.cli import admin, jobs, run, experiments, embedded  # noqa: E402, F401
 # isort: on

@@ -147,10 +147,17 @@ def _render_latency(status: dict[str, Any], console: Console) -> None:
         )
     console.print(table)
     overall = status["fairness"].get("all")
-    if overall:
+    if overall and overall["jain_weighted"] is not None:
         console.print(
             f"Jain's fairness index: {overall['jain_weighted']:.3f} (weight-normalised), "
-            f"{overall['jain_unweighted']:.3f} (raw) over {overall['tenants']} tenant(s)"
+            f"{overall['jain_unweighted']:.3f} (raw) over {overall['tenants']} backlogged "
+            "tenants"
+        )
+    else:
+        backlogged = overall["tenants"] if overall else 0
+        console.print(
+            f"Jain's fairness index: no data ({backlogged} tenant(s) backlogged now; it needs "
+            "two or more, served a DRR round)"
         )
 
 
