@@ -11,7 +11,7 @@ dedupe-key bounds.
   an ``sla_seconds`` of -0 as 0.
 
 Revision ID: 0033
-Revises: 0030
+Revises: 0032
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0033"
-down_revision = "0030"
+down_revision = "0032"
 branch_labels = None
 depends_on = None
 
