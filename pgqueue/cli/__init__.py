@@ -211,6 +211,18 @@ def _connection_failure(exc: psycopg.OperationalError) -> tuple[str, str]:
     return "cannot reach Postgres", text.splitlines()[0] if text else repr(exc)
 
 
+def prepared_statements_advice(exc: psycopg.Error) -> str:
+    """What to set when a prepared statement went missing or was found twice (42P05, 26000):
+    the connections go through a pooler in transaction mode."""
+    said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return (
+        f"{said}: the connection goes through a pooler in transaction or statement mode "
+        "(PgBouncer), which moves sessions between server connections. Set "
+        "PGQUEUE_PREPARE_THRESHOLD=none (psycopg then prepares nothing), or give PgBouncer >= "
+        "1.21 max_prepared_statements; with --listen, use a session-mode pool or --no-listen"
+    )
+
+
 def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
     """Turn the errors a user can meet into one line on stderr and an exit code.
 
@@ -278,6 +290,15 @@ def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
             # missing at connect (an OperationalError: "cannot connect to Postgres").
             _say("database error", exc.diag.message_primary or str(exc))
             raise typer.Exit(1) from None
+        except (
+            psycopg.errors.DuplicatePreparedStatement,
+            psycopg.errors.InvalidSqlStatementName,
+        ) as exc:
+            # 42P05 / 26000 on psycopg's own prepared statements (_pg3_N): a pooler in
+            # transaction mode runs each transaction on any server connection (found by a fault
+            # run: behind PgBouncer, a worker exited 2 with "invalid DSN or query").
+            _say("prepared statements not kept", prepared_statements_advice(exc))
+            raise typer.Exit(2) from None
         except psycopg.ProgrammingError as exc:
             _say("invalid DSN or query", str(exc).strip().splitlines()[0])
             raise typer.Exit(2) from None

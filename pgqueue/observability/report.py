@@ -110,7 +110,7 @@ def render_run_report(report: dict[str, Any], console: Console, title: str = "Ru
     t = report["throttles"]
     console.print(
         f"Provider throttling: {t['http_429']} × 429, {t['http_529']} × 529 "
-        f"(each rescheduled at retry-after × 1.2 ± 20 %)"
+        f"(each rescheduled at retry-after × 1.0–1.44, never earlier)"
     )
     bp = report.get("backpressure")
     if bp:
