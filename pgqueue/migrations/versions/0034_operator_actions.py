@@ -8,7 +8,7 @@ served jobs to the window, which it implied: the planner sorted the whole jobs t
 3 s at 1M jobs (bench/dashboard.py), for ``pgqueue status``, the exporter and the dashboard.
 
 Revision ID: 0034
-Revises: 0032
+Revises: 0033
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0034"
-down_revision = "0032"
+down_revision = "0033"
 branch_labels = None
 depends_on = None
 
