@@ -40,16 +40,23 @@ CREATE INDEX jobs_claim_idx ON sched.jobs (lane, tier, key_round, key_place, key
 CREATE INDEX jobs_unstamped_idx ON sched.jobs (lane, tier, tenant_id, run_at, id)
     WHERE state = 'queued' AND key_round IS NULL;
 
--- One row per lane and tier, written only by the holder of the lane's advisory lock.
+-- One row per lane and tier, written only by the holder of its advisory lock (the stamper).
 CREATE TABLE sched.lane_tiers (
-    lane         text NOT NULL,
-    tier         smallint NOT NULL,
-    cursor_round bigint NOT NULL DEFAULT 0,      -- the key of the last claimed job
-    cursor_place numeric NOT NULL DEFAULT 0,
-    cursor_seq   bigint NOT NULL DEFAULT 0,
-    seq          bigint NOT NULL DEFAULT 0,      -- last key_seq handed out
-    frontier     sched.key,                      -- claims stay <= it (NULL: no limit)
+    lane     text NOT NULL,
+    tier     smallint NOT NULL,
+    seq      bigint NOT NULL DEFAULT 0,          -- last key_seq handed out
+    frontier sched.key,                          -- claims stay <= it (NULL: no limit)
     PRIMARY KEY (lane, tier)
+);
+
+-- The cursor: each claimer keeps the greatest key it claimed in a row of its own (no claimer
+-- waits on another); the stamper takes the greatest. It survives retries of the jobs.
+CREATE TABLE sched.cursors (
+    lane      text NOT NULL,
+    tier      smallint NOT NULL,
+    worker_id text NOT NULL,
+    k         sched.key NOT NULL,
+    PRIMARY KEY (lane, tier, worker_id)
 );
 
 -- One row per tenant that was backlogged in a lane and tier: its place and where its last
@@ -81,11 +88,14 @@ DECLARE
     top_seq bigint;
     touched bigint;
     base bigint;
+    cur sched.key;
 BEGIN
     INSERT INTO sched.lane_tiers (lane, tier) VALUES (p_lane, p_tier) ON CONFLICT DO NOTHING;
     SELECT * INTO lt FROM sched.lane_tiers WHERE lane = p_lane AND tier = p_tier;
+    cur := coalesce((SELECT c.k FROM sched.cursors c WHERE c.lane = p_lane AND c.tier = p_tier
+                     ORDER BY c.k DESC LIMIT 1), ROW(0, 0, 0)::sched.key);
     -- the horizon counts from the next key to claim, or from the cursor if it is further on
-    base := greatest(lt.cursor_round, (
+    base := greatest(cur.r, (
         SELECT j.key_round FROM sched.jobs j
         WHERE j.lane = p_lane AND j.tier = p_tier AND j.state = 'queued'
           AND j.key_round IS NOT NULL
@@ -122,14 +132,14 @@ BEGIN
         FROM flows_in WHERE NOT continuing
     ), pred AS (
         SELECT max(f.place) AS place FROM sched.flows f
-        WHERE f.lane = p_lane AND f.tier = p_tier AND f.place < lt.cursor_place
+        WHERE f.lane = p_lane AND f.tier = p_tier AND f.place < cur.place
     ), starts AS (
         SELECT fi.tenant_id, fi.q, fi.holds_one,
                CASE WHEN fi.continuing THEN fi.place
-                    WHEN pred.place IS NULL THEN lt.cursor_place - (jn.m + 1 - jn.i)
-                    ELSE pred.place + (lt.cursor_place - pred.place) * jn.i / (jn.m + 1)
+                    WHEN pred.place IS NULL THEN cur.place - (jn.m + 1 - jn.i)
+                    ELSE pred.place + (cur.place - pred.place) * jn.i / (jn.m + 1)
                END AS place,
-               CASE WHEN fi.continuing THEN fi.last_round ELSE lt.cursor_round END AS r0,
+               CASE WHEN fi.continuing THEN fi.last_round ELSE cur.r END AS r0,
                CASE WHEN fi.continuing THEN fi.credit ELSE 0 END AS d0,
                CASE WHEN fi.continuing THEN fi.last_seq ELSE 0 END AS s0
         FROM flows_in fi LEFT JOIN joiners jn USING (tenant_id) CROSS JOIN pred
@@ -184,18 +194,24 @@ BEGIN
 END
 $$;
 
--- Claim up to `n` jobs of one lane and tier in key order, side by side with other claimers:
--- the winner of the lane's try-lock stamps first and moves the cursor; the others take what is
--- stamped (never past the frontier) and wait for nobody.
+-- Stamp if nobody else is stamping this lane and tier (a try-lock: never waits).
+CREATE OR REPLACE FUNCTION sched.fold(p_lane text, p_tier smallint, p_horizon integer)
+RETURNS bigint LANGUAGE sql AS $$
+    SELECT CASE WHEN pg_try_advisory_xact_lock(hashtextextended(p_lane, p_tier))
+                THEN sched.stamp(p_lane, p_tier, p_horizon) ELSE 0 END
+$$;
+
+-- Claim up to `n` jobs of one lane and tier in key order, side by side with other claimers
+-- (after a fold when `stamp_first`): stamped jobs only, never past the frontier.
 CREATE OR REPLACE FUNCTION sched.claim(p_lane text, p_tier smallint, n integer,
-                                       p_horizon integer DEFAULT 4)
+                                       p_worker text DEFAULT 'w', p_horizon integer DEFAULT 4,
+                                       stamp_first boolean DEFAULT true)
 RETURNS SETOF sched.jobs LANGUAGE plpgsql AS $$
 DECLARE
-    holder boolean := pg_try_advisory_xact_lock(hashtextextended(p_lane, p_tier));
     fr sched.key;
 BEGIN
-    IF holder THEN
-        PERFORM sched.stamp(p_lane, p_tier, p_horizon);
+    IF stamp_first THEN
+        PERFORM sched.fold(p_lane, p_tier, p_horizon);
     END IF;
     fr := (SELECT l.frontier FROM sched.lane_tiers l WHERE l.lane = p_lane AND l.tier = p_tier);
     RETURN QUERY
@@ -210,24 +226,22 @@ BEGIN
     ), taken AS (
         UPDATE sched.jobs j SET state = 'running' FROM picked WHERE j.id = picked.id
         RETURNING j.*
-    ), moved AS (      -- only the lock holder writes the cursor: the greatest key it claimed
-        UPDATE sched.lane_tiers l
-        SET (cursor_round, cursor_place, cursor_seq) = (c.key_round, c.key_place, c.key_seq)
-        FROM (SELECT t.key_round, t.key_place, t.key_seq FROM taken t
-              ORDER BY t.key_round DESC, t.key_place DESC, t.key_seq DESC LIMIT 1) c
-        WHERE holder AND l.lane = p_lane AND l.tier = p_tier
-          AND (c.key_round, c.key_place, c.key_seq)
-              > (l.cursor_round, l.cursor_place, l.cursor_seq)
+    ), moved AS (
+        INSERT INTO sched.cursors AS c (lane, tier, worker_id, k)
+        SELECT p_lane, p_tier, p_worker, ROW(t.key_round, t.key_place, t.key_seq)::sched.key
+        FROM taken t ORDER BY t.key_round DESC, t.key_place DESC, t.key_seq DESC LIMIT 1
+        ON CONFLICT (lane, tier, worker_id) DO UPDATE SET k = greatest(c.k, excluded.k)
     )
     SELECT * FROM taken t ORDER BY t.key_round, t.key_place, t.key_seq;
 END
 $$;
 
--- What runs next, per lane and tier, in claim order.
+-- What runs next, per lane and tier, in claim order (`round` counted from the cursor).
 CREATE OR REPLACE VIEW sched.claim_order AS
 SELECT j.lane, j.tier, j.tenant_id, j.id AS job_id, j.cost,
-       j.key_round - l.cursor_round AS round, j.key_place AS place, j.key_seq AS seq
+       j.key_round - coalesce(c.r, 0) AS round, j.key_place AS place, j.key_seq AS seq
 FROM sched.jobs j
-JOIN sched.lane_tiers l ON (l.lane, l.tier) = (j.lane, j.tier)
+LEFT JOIN LATERAL (SELECT (x.k).r FROM sched.cursors x WHERE (x.lane, x.tier) = (j.lane, j.tier)
+                   ORDER BY x.k DESC LIMIT 1) c ON true
 WHERE j.state = 'queued' AND j.key_round IS NOT NULL
 ORDER BY j.lane, j.tier, j.key_round, j.key_place, j.key_seq;

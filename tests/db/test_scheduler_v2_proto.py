@@ -35,7 +35,7 @@ def proto(empty_db_dsn: str) -> Iterator[Conn]:
 
 def _reset(conn: Conn, quanta: dict[str, int]) -> None:
     conn.rollback()
-    conn.execute("TRUNCATE sched.jobs, sched.flows, sched.lane_tiers, sched.tenants")
+    conn.execute("TRUNCATE sched.jobs, sched.flows, sched.lane_tiers, sched.cursors, sched.tenants")
     conn.execute(
         "INSERT INTO sched.tenants SELECT * FROM unnest(%s::text[], %s::bigint[])",
         (list(quanta), list(quanta.values())),
@@ -56,10 +56,10 @@ def _enqueue(conn: Conn, jobs: list[tuple[str, int]], tier: int = 0) -> list[int
     return sorted(r[0] for r in rows)
 
 
-def _claim(conn: Conn, n: int, horizon: int) -> list[tuple[str, int, int]]:
+def _claim(conn: Conn, n: int, horizon: int, worker: str = "w") -> list[tuple[str, int, int]]:
     rows = conn.execute(
-        "SELECT tenant_id, id, key_round FROM sched.claim('m', 0::smallint, %s, %s)",
-        (n, horizon),
+        "SELECT tenant_id, id, key_round FROM sched.claim('m', 0::smallint, %s, %s, %s)",
+        (n, worker, horizon),
     ).fetchall()
     conn.commit()
     return [(t, i, r) for t, i, r in rows]
@@ -128,7 +128,7 @@ def test_four_claimers_side_by_side_claim_the_reference_keys(proto, empty_db_dsn
         with psycopg.connect(empty_db_dsn) as c:
             idle = 0
             while idle < 50:
-                got = _claim(c, 1 + k * 3, 2)
+                got = _claim(c, 1 + k * 3, 2, worker=f"w{k}")
                 idle = 0 if got else idle + 1
                 claimed[k].extend(got)
 
