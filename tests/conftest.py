@@ -27,15 +27,19 @@ settings.register_profile("pgqueue", database=None, derandomize=True, deadline=N
 settings.load_profile("pgqueue")
 
 _LOCK_KEY = 0x70717465_7374  # serialises template creation across xdist workers
-_MIGRATIONS = Path(migrate.__file__).resolve().parents[1] / "migrations" / "versions"
+_PACKAGE = Path(migrate.__file__).resolve().parents[1]
+#: What the template database is built from: the revisions and the schema files the baseline
+#: revision reads.
+_SCHEMA_SOURCES = (_PACKAGE / "migrations" / "versions", _PACKAGE / "sql" / "schema")
 
 
 def _schema_fingerprint() -> str:
     digest = hashlib.sha256()
-    for path in sorted(_MIGRATIONS.glob("*")):
-        if path.suffix in {".py", ".sql"}:
-            digest.update(path.name.encode())
-            digest.update(path.read_bytes())
+    for folder in _SCHEMA_SOURCES:
+        for path in sorted(folder.glob("*")):
+            if path.suffix in {".py", ".sql"}:
+                digest.update(f"{folder.name}/{path.name}".encode())
+                digest.update(path.read_bytes())
     return digest.hexdigest()[:10]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any
 
 import psycopg
@@ -11,6 +13,14 @@ from alembic.script import ScriptDirectory
 
 from pgqueue.db import queries
 from pgqueue.errors import SchemaOutOfDate
+
+
+def schema_files() -> list[Traversable]:
+    """The files of ``pgqueue/sql/schema`` (``*.sql``) in the order the baseline revision
+    applies them: by file name. Together they define every table, function, trigger and view of
+    the schema at the baseline, each once (docs/schema.md)."""
+    folder = resources.files("pgqueue") / "sql" / "schema"
+    return sorted((f for f in folder.iterdir() if f.name.endswith(".sql")), key=lambda f: f.name)
 
 
 def alembic_config(dsn: str) -> Config:
@@ -34,7 +44,21 @@ def known_revisions() -> set[str]:
     return {rev.revision for rev in script.walk_revisions()}
 
 
-def _newer_than_installed(current: str) -> SchemaOutOfDate:
+def base_revision() -> str:
+    """The baseline revision (0030): the schema of ``pgqueue/sql/schema`` as one revision."""
+    base = ScriptDirectory.from_config(alembic_config("")).get_base()
+    assert base is not None
+    return base
+
+
+def _unknown_revision(current: str) -> SchemaOutOfDate:
+    if current.isdigit() and len(current) == 4 and current < base_revision():
+        # a revision of the chain the baseline replaced (issue 27): its text is gone
+        return SchemaOutOfDate(
+            f"the pgqueue schema is at revision {current}, older than this pgqueue's baseline "
+            f"{base_revision()}: upgrade it with the pgqueue release that created it first, or "
+            "drop the schema pgqueue (its jobs with it) and run `pgqueue migrate`"
+        )
     return SchemaOutOfDate(
         f"the database schema is at revision {current}, newer than this pgqueue knows "
         f"(its newest is {head_revision()}); upgrade the pgqueue package, do not downgrade "
@@ -46,14 +70,15 @@ def upgrade(dsn: str, revision: str = "head") -> None:
     """Bring the ``pgqueue`` schema to ``revision``; safe to run from many processes at once.
 
     Raises:
-        SchemaOutOfDate: the database is at a revision newer than this pgqueue.
+        SchemaOutOfDate: the database is at a revision newer than this pgqueue, or at one of
+            the revisions before the baseline (0001-0029), whose text is no longer shipped.
         psycopg.Error: the database refused a statement (the transaction is rolled back).
     """
     with psycopg.connect(dsn, autocommit=True) as conn:
         current = current_revision(conn)
         granted = _granted(conn)
     if current is not None and current not in known_revisions():
-        raise _newer_than_installed(current)
+        raise _unknown_revision(current)
     command.upgrade(alembic_config(dsn), revision)
     _regrant(dsn, granted, current)
 
@@ -109,7 +134,7 @@ def check_schema(conn: psycopg.Connection[Any]) -> str:
             "the pgqueue schema is not installed in this database; run `pgqueue migrate` first"
         )
     if current not in known_revisions():
-        raise _newer_than_installed(current)
+        raise _unknown_revision(current)
     if current != head:
         raise SchemaOutOfDate(
             f"the pgqueue schema is at revision {current} but this pgqueue needs {head}; "

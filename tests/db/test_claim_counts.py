@@ -15,7 +15,7 @@ import pytest
 
 import pgqueue
 from pgqueue import JobSpec
-from pgqueue.db import migrate, queries
+from pgqueue.db import queries
 from pgqueue.handlers.registry import NOOP_KIND as NOOP
 from tests.db.drr_support import allow_requests
 
@@ -164,22 +164,6 @@ def test_handing_claim_rows_over_waits_for_a_claim_under_way(db_dsn):
         assert _claim_rows(other) == 0
         queries.run(other, "queue_counts_compact", {"max_rows": 1000})
         assert _mismatches(other) == []
-
-
-def test_counts_stay_exact_across_0017_down_and_up(db_dsn):
-    _fill(db_dsn, 40)
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        assert len(queries.run(c, "job_claim", {"limit": 10, **CLAIM})) == 10
-    migrate.downgrade(db_dsn, "0016")
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        assert _mismatches(c) == []
-        assert len(c.execute("SELECT id FROM pgqueue.claim(10, 'w', 30)").fetchall()) == 10
-        assert _mismatches(c) == []
-    migrate.upgrade(db_dsn)
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        assert len(queries.run(c, "job_claim", {"limit": 10, **CLAIM})) == 10
-        assert _mismatches(c) == []
-        assert _claim_rows(c) > 0
 
 
 def test_the_mark_set_outside_a_claim_switches_nothing_off(db_dsn):

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from pgqueue.db import migrate, queries
+from pgqueue.db import queries
 from pgqueue.worker.completer import success_batch
 
 QUEUED = 120_000
@@ -99,22 +99,6 @@ def test_claim_uses_indexes_at_scale(conn, db_dsn):
     tenant_scans = re.findall(r" on tenants \w+ .*? rows=(\d+(?:\.\d+)?) loops=", first_load[0])
     assert tenant_scans, first_load[0]
     assert all(float(rows) <= 1 for rows in tenant_scans), first_load[0]
-
-
-def test_migration_0002_downgrades_and_upgrades(empty_db_dsn):
-    migrate.upgrade(empty_db_dsn)
-    with psycopg.connect(empty_db_dsn) as c:
-        c.execute(
-            "SELECT pgqueue.enqueue('a', 'user_action', %s::jsonb)",
-            ('{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}',),
-        )
-    migrate.downgrade(empty_db_dsn, "0001")
-    with psycopg.connect(empty_db_dsn) as c:
-        assert c.execute("SELECT to_regclass('pgqueue.deficits')").fetchone() == (None,)
-    migrate.upgrade(empty_db_dsn)
-    with psycopg.connect(empty_db_dsn) as c:
-        got = c.execute("SELECT tenant_id FROM pgqueue.claim(5, 'w', 30)").fetchall()
-    assert got == [("a",)]  # queued before the upgrade, folded in by the migration
 
 
 FINISHED = 100_000

@@ -9,7 +9,6 @@ import pytest
 from psycopg.types.json import Jsonb
 
 import pgqueue
-from pgqueue.db import migrate
 from pgqueue.validation import RUN_AT_MAX, RUN_AT_MIN
 
 PAYLOAD = {
@@ -67,47 +66,6 @@ def test_sql_batch_errors_name_the_bad_job(db_dsn: str) -> None:
             "job #2 of the batch (counting from 1): tenant_id"
         )
         assert c.execute("SELECT count(*) FROM pgqueue.jobs").fetchone() == (0,)
-
-
-def test_revision_0015_repairs_stored_rows_then_downgrades_and_upgrades(
-    empty_db_dsn: str,
-) -> None:
-    """Found by a tester: with a stored infinite `run_at`, the upgrade's validation failed,
-    and no worker could start (schema behind) until someone fixed the rows by hand."""
-    migrate.upgrade(empty_db_dsn, "0014")
-    with psycopg.connect(empty_db_dsn, autocommit=True) as c:
-        for when in ("infinity", "-infinity", "294276-12-31 23:59:59+00"):
-            c.execute(
-                "SELECT pgqueue.enqueue('t1', 'user_action', %s, run_at => %s::timestamptz)",
-                (Jsonb(PAYLOAD), when),
-            )
-        c.execute("SELECT pgqueue.enqueue('t1', 'user_action', %s)", (Jsonb(PAYLOAD),))
-    migrate.upgrade(empty_db_dsn)
-    with psycopg.connect(empty_db_dsn, autocommit=True) as c:
-        rows = c.execute(
-            "SELECT run_at <= now() AS due, extract(year FROM run_at)::int AS year"
-            " FROM pgqueue.jobs ORDER BY id"
-        ).fetchall()
-        assert [r[0] for r in rows] == [False, True, False, True]
-        assert rows[0][1] == rows[2][1] == 9999  # parked at the last day allowed
-        c.execute("SELECT run_at FROM pgqueue.jobs").fetchall()  # all readable by Python
-    migrate.downgrade(empty_db_dsn, "0014")
-    with psycopg.connect(empty_db_dsn, autocommit=True) as c:
-        check = c.execute(
-            "SELECT count(*) FROM pg_constraint WHERE conname = 'jobs_run_at_range'"
-        ).fetchone()
-        assert check == (0,)
-        body = c.execute(
-            "SELECT prosrc FROM pg_proc WHERE proname = 'try_enqueue_batch'"
-        ).fetchone()
-        assert body is not None and "of the batch" not in body[0]
-    migrate.upgrade(empty_db_dsn)
-    with psycopg.connect(empty_db_dsn, autocommit=True) as c:
-        check = c.execute(
-            "SELECT count(*) FROM pg_constraint WHERE conname = 'jobs_run_at_range'"
-        ).fetchone()
-        assert check == (1,)
-        c.execute("ALTER TABLE pgqueue.jobs VALIDATE CONSTRAINT jobs_run_at_range")  # as docs say
 
 
 @pytest.mark.parametrize(

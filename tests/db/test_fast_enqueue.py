@@ -358,12 +358,14 @@ def test_python_batch_types_input_the_driver_cannot_send(db_dsn, fields, error):
         assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone()[0] == 0
 
 
-def test_migrating_to_0008_keeps_what_pgqueue_grant_set(db_dsn):
+def test_migrating_keeps_what_pgqueue_grant_set(db_dsn):
+    """Revision 0008 replaced the enqueue functions; the migrations re-grant after `pgqueue
+    grant`. (Down to the base and up again stands in for 0006 -> 0008, no longer shipped.)"""
     from pgqueue.db import migrate, queries
 
-    migrate.downgrade(db_dsn, "0006")
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         queries.run(conn, "security_grant")
+    migrate.downgrade(db_dsn, "base")
     migrate.upgrade(db_dsn)
     with psycopg.connect(db_dsn) as conn:
         rows = conn.execute(
@@ -404,7 +406,7 @@ def test_downgrade_and_upgrade_keep_what_pgqueue_grant_set(db_dsn):
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         queries.run(conn, "security_grant")
     assert _public_or_invoker(db_dsn) == []
-    migrate.downgrade(db_dsn, "0006")
+    migrate.downgrade(db_dsn, "base")  # 0006 before the baseline replaced the chain
     assert _public_or_invoker(db_dsn) == []
     migrate.upgrade(db_dsn)
     assert _public_or_invoker(db_dsn) == []

@@ -84,28 +84,28 @@ def test_queue_tables_are_vacuumed_early(db_dsn):
 
 def test_enqueue_against_an_older_schema_names_the_command(db_dsn):
     """Found by a tester: new code against a schema at 0007 raised a raw UndefinedFunction
-    (pgqueue.try_enqueue_batch); it is SchemaOutOfDate, which says to run migrate."""
+    (pgqueue.try_enqueue_batch); it is SchemaOutOfDate, which says to run migrate. (The schema
+    without that function stands in for 0007, which is no longer shipped.)"""
     import pgqueue
 
-    migrate.downgrade(db_dsn, "0007")
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("DROP FUNCTION pgqueue.try_enqueue_batch")
     payload = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
     with (
         psycopg.connect(db_dsn, autocommit=True) as conn,
         pytest.raises(SchemaOutOfDate, match="pgqueue migrate"),
     ):
         pgqueue.enqueue_many(conn, [pgqueue.JobSpec("a", "batch_job", payload)])
-    migrate.upgrade(db_dsn)
 
 
-def test_an_admission_row_deleted_before_revision_0029_is_put_back(db_dsn):
-    """Revision 0029 restores a tier's missing admission row (no caps, policy reject)."""
-    migrate.downgrade(db_dsn, "0028")
+def test_a_revision_before_the_baseline_is_named_as_such(db_dsn):
+    """Revisions 0001-0029 were replaced by the baseline 0030 (issue 27): a database at one of
+    them is told so, not that it is newer than this pgqueue, and nothing is changed."""
     with psycopg.connect(db_dsn, autocommit=True) as conn:
-        conn.execute("DELETE FROM pgqueue.admission WHERE tier = 'standard'")
-    migrate.upgrade(db_dsn)
-    with psycopg.connect(db_dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT max_queued, tenant_max_queued, policy FROM pgqueue.admission "
-            "WHERE tier = 'standard'"
-        ).fetchone()
-    assert row == (None, None, "reject")
+        conn.execute("UPDATE pgqueue.alembic_version SET version_num = '0029'")
+    with pytest.raises(SchemaOutOfDate, match="older than this pgqueue's baseline 0030"):
+        migrate.upgrade(db_dsn)
+    with psycopg.connect(db_dsn) as conn:
+        with pytest.raises(SchemaOutOfDate, match="run `pgqueue migrate`"):
+            migrate.check_schema(conn)
+        assert migrate.current_revision(conn) == "0029"

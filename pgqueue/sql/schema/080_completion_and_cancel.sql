@@ -1,4 +1,74 @@
--- Revision 0024: cancelling jobs (pgqueue.cancel, pgqueue.cancel_queued).
+-- After the claim: the update trigger that keeps counters, the DRR inbox and usage in step
+-- with every state change of a job (completion, retry, throttle, rescue, cancel), and
+-- cancelling jobs (queued or running: a running job loses its lease, fencing off its worker).
+
+-- Changed rows: queued counters, then the usage of successes with token counts charged to
+-- their tenants' day and the budget rule (one upsert per tenant, in tenant order, so that
+-- two batched completions cannot deadlock on usage rows). Jobs queued again reach the DRR
+-- inbox through jobs_drr_requeue (070_claim.sql).
+CREATE OR REPLACE FUNCTION pgqueue.jobs_after_update() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    tiers pgqueue.tier[];
+    tenants text[];
+    deltas bigint[];
+    t text;
+BEGIN
+    -- A claim's batch write (drr_dispatch) counted its rows itself, and none succeeded: nothing
+    -- to do (revision 0017). The mark names the claim's transaction, so a value left in the
+    -- session (SET, ALTER ROLE) or by another transaction never switches counting off.
+    IF current_setting('pgqueue.claim_counted', true) = pg_current_xact_id()::text THEN
+        RETURN NULL;
+    END IF;
+    SELECT array_agg(g.tier), array_agg(g.tenant_id), array_agg(g.n)
+    INTO tiers, tenants, deltas
+    FROM (SELECT d.priority AS tier, d.tenant_id, sum(d.delta)::bigint AS n
+          FROM (SELECT n.priority, n.tenant_id, 1 AS delta FROM new_rows n
+                WHERE n.state = 'queued'
+                UNION ALL
+                SELECT o.priority, o.tenant_id, -1 FROM old_rows o WHERE o.state = 'queued') d
+          GROUP BY GROUPING SETS ((d.priority, d.tenant_id), (d.priority))
+          HAVING sum(d.delta) <> 0) g;
+    IF tiers IS NOT NULL THEN
+        PERFORM pgqueue.queue_counts_add(tiers, tenants, deltas);
+    END IF;
+    -- A claim, a heartbeat, a retry: nothing succeeded with usage, nothing to charge.
+    IF NOT EXISTS (SELECT 1 FROM new_rows n
+                   WHERE n.state = 'succeeded'
+                     AND (n.input_tokens IS NOT NULL OR n.output_tokens IS NOT NULL)) THEN
+        RETURN NULL;
+    END IF;
+    WITH charged AS (
+        INSERT INTO pgqueue.usage_daily AS u (tenant_id, day, requests, input_tokens,
+                                              output_tokens)
+        SELECT n.tenant_id, pgqueue.budget_day(), count(*),
+               sum(coalesce(n.input_tokens, 0)), sum(coalesce(n.output_tokens, 0))
+        FROM new_rows n
+        JOIN old_rows o ON o.id = n.id AND o.tenant_id = n.tenant_id
+        WHERE n.state = 'succeeded' AND o.state = 'running'
+          AND (n.input_tokens IS NOT NULL OR n.output_tokens IS NOT NULL)
+        GROUP BY n.tenant_id
+        ORDER BY n.tenant_id COLLATE "C"
+        ON CONFLICT (tenant_id, day) DO UPDATE
+        SET requests = u.requests + EXCLUDED.requests,
+            input_tokens = u.input_tokens + EXCLUDED.input_tokens,
+            output_tokens = u.output_tokens + EXCLUDED.output_tokens
+        RETURNING u.tenant_id
+    )
+    SELECT array_agg(c.tenant_id ORDER BY c.tenant_id COLLATE "C") INTO tenants FROM charged c;
+    FOREACH t IN ARRAY coalesce(tenants, '{}') LOOP
+        PERFORM pgqueue.demotion_check(t);
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER jobs_after_update
+    AFTER UPDATE ON pgqueue.jobs
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION pgqueue.jobs_after_update();
 
 -- Whether this session's login role may write pgqueue.jobs itself (UPDATE privilege: the
 -- owner, superusers, pgqueue_worker and pgqueue_admin after `pgqueue grant`). A role that
@@ -6,14 +76,15 @@
 -- pgqueue.tenant_id) may cancel only with that scope set, and only that tenant's jobs. Asked
 -- of the privilege, not of role names: a membership of pgqueue_producer held for another
 -- database must not restrict this database's owner (found by a tester).
-CREATE FUNCTION pgqueue.session_writes_jobs()
+CREATE OR REPLACE FUNCTION pgqueue.session_writes_jobs()
 RETURNS boolean
 LANGUAGE sql
 STABLE
 AS $$ SELECT pg_catalog.has_table_privilege(session_user, 'pgqueue.jobs', 'UPDATE') $$;
 
-CREATE FUNCTION pgqueue.cancel(job_id bigint, tenant_id text DEFAULT NULL,
-                               reason text DEFAULT NULL)
+-- Cancel one job (the rules are in the body's comments below).
+CREATE OR REPLACE FUNCTION pgqueue.cancel(job_id bigint, tenant_id text DEFAULT NULL,
+                                          reason text DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql
 AS $$
@@ -75,8 +146,9 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION pgqueue.cancel_queued(tenant_id text, tier pgqueue.tier DEFAULT NULL,
-                                      reason text DEFAULT NULL)
+-- Cancel the queued jobs of a tenant, of one tier or all (rules in the body's comments).
+CREATE OR REPLACE FUNCTION pgqueue.cancel_queued(tenant_id text, tier pgqueue.tier DEFAULT NULL,
+                                                 reason text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql
 AS $$

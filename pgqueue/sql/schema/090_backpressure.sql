@@ -1,28 +1,9 @@
--- pgqueue schema, revision 0003: per-day usage ledger, daily budgets, automatic demotion.
--- The rule mirrors pgqueue/scheduling/demotion.py (tests compare them). Every threshold is a
--- GUC (ALTER DATABASE ... SET pgqueue.x = ...), read when the rule runs.
-
--- Input and output tokens charged per tenant and day, from the provider's real `usage`.
-CREATE TABLE pgqueue.usage_daily (
-    tenant_id      text NOT NULL REFERENCES pgqueue.tenants (tenant_id),
-    day            date NOT NULL,
-    requests       bigint NOT NULL DEFAULT 0,
-    input_tokens   bigint NOT NULL DEFAULT 0,
-    output_tokens  bigint NOT NULL DEFAULT 0,
-    PRIMARY KEY (tenant_id, day)
-);
-
--- A numeric GUC with a default (settings are read where the rule runs, on any host).
-CREATE FUNCTION pgqueue.setting(name text, default_value double precision)
-RETURNS double precision
-LANGUAGE sql STABLE
-AS $$
-    SELECT coalesce(nullif(current_setting('pgqueue.' || name, true), '')::double precision,
-                    default_value)
-$$;
+-- Backpressure from the provider and budgets: throttle events demote a tenant to batch
+-- (>= 5 in 60 s), as does spending over 150 % of its daily token budget; the demotion expires by
+-- itself (300 s). Thresholds are settings: pgqueue.demotion_*, pgqueue.default_daily_budget.
 
 -- The budget day: the date in pgqueue.budget_timezone (default UTC).
-CREATE FUNCTION pgqueue.budget_day(at timestamptz DEFAULT now())
+CREATE OR REPLACE FUNCTION pgqueue.budget_day(at timestamptz DEFAULT now())
 RETURNS date
 LANGUAGE sql STABLE
 AS $$
@@ -30,12 +11,21 @@ AS $$
                                      'UTC'))::date
 $$;
 
+-- Whether the tenant is demoted now (a demotion row not yet expired).
+CREATE OR REPLACE FUNCTION pgqueue.is_demoted(tenant_id text)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT EXISTS (SELECT 1 FROM pgqueue.demotions d
+                   WHERE d.tenant_id = is_demoted.tenant_id AND d.expires_at > now())
+$$;
+
 -- Demote the tenant when the rule says so and it is not demoted already; returns the reason
 -- of a new demotion, else NULL. Thresholds: pgqueue.demotion_throttle_threshold (5 events),
 -- pgqueue.demotion_throttle_window_seconds (60), pgqueue.demotion_budget_ratio (1.5),
 -- pgqueue.default_daily_budget (100000 input tokens), pgqueue.demotion_seconds (300).
 -- With pgqueue.demote_queued_jobs = on, the tenant's queued standard jobs move to batch too.
-CREATE FUNCTION pgqueue.demotion_check(p_tenant text)
+CREATE OR REPLACE FUNCTION pgqueue.demotion_check(p_tenant text)
 RETURNS text
 LANGUAGE plpgsql
 AS $$
@@ -91,7 +81,7 @@ END
 $$;
 
 -- Every throttle event attributed to a tenant may demote it.
-CREATE FUNCTION pgqueue.throttle_event_demote()
+CREATE OR REPLACE FUNCTION pgqueue.throttle_event_demote()
 RETURNS trigger
 LANGUAGE plpgsql
 AS $$
@@ -103,12 +93,13 @@ $$;
 
 CREATE TRIGGER throttle_events_demote
     AFTER INSERT ON pgqueue.throttle_events
-    FOR EACH ROW EXECUTE FUNCTION pgqueue.throttle_event_demote();
+    FOR EACH ROW
+    EXECUTE FUNCTION pgqueue.throttle_event_demote();
 
 -- Successes with real usage are charged to their tenants' day, then the budget rule runs.
 -- Statement-level: one upsert per tenant per statement, taken in tenant order, so that two
 -- batched completions touching the same tenants can never deadlock on their usage rows.
-CREATE FUNCTION pgqueue.job_charge_usage()
+CREATE OR REPLACE FUNCTION pgqueue.job_charge_usage()
 RETURNS trigger
 LANGUAGE plpgsql
 AS $$
@@ -141,15 +132,3 @@ BEGIN
     RETURN NULL;
 END
 $$;
-
-CREATE TRIGGER jobs_charge_usage
-    AFTER UPDATE ON pgqueue.jobs
-    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION pgqueue.job_charge_usage();
-
-CREATE INDEX demotions_expiry_idx ON pgqueue.demotions (expires_at);
-
--- Tenant settings stay sane whoever writes them: a finite quantum, a plain plan name.
-ALTER TABLE pgqueue.tenants
-    ADD CONSTRAINT tenants_quantum_finite CHECK (quantum < 'Infinity'::double precision),
-    ADD CONSTRAINT tenants_plan_name CHECK (plan ~ '^[A-Za-z0-9_.-]{1,32}$');

@@ -1,0 +1,272 @@
+-- pgqueue schema: types, tables, their constraints and indexes, and the rows the schema starts
+-- with. Applied first (files of pgqueue/sql/schema run in file-name order, in one transaction,
+-- by the baseline revision; docs/schema.md). Column order is the order a database migrated by
+-- the old revision chain has, so that both are the same schema.
+--
+-- The queue's tables carry low autovacuum thresholds (reloptions below): claims and
+-- completions update them all the time, and an unvacuumed jobs table made claims 2.3x slower
+-- (bench/bloat.py). Three CHECKs are NOT VALID: they were added to tables that already held
+-- rows, and are kept as such so that an upgraded and a fresh database are the same schema;
+-- Postgres enforces them on every row written either way.
+
+-- What the caller says about a job; the tier is derived from it (pgqueue.classify).
+CREATE TYPE pgqueue.origin AS ENUM (
+    'user_action',
+    'scheduled',
+    'batch_job'
+);
+
+-- Scheduling tiers, highest first.
+CREATE TYPE pgqueue.tier AS ENUM (
+    'critical',
+    'standard',
+    'batch'
+);
+
+-- One job of a batch enqueue, with its admission verdict (041_enqueue_many.sql).
+CREATE TYPE pgqueue.enqueue_batch_item AS (
+	ord bigint,
+	tenant_id text,
+	o pgqueue.origin,
+	payload jsonb,
+	sla double precision,
+	kind text,
+	tier pgqueue.tier,
+	admitted boolean,
+	policy text,
+	scope text,
+	depth bigint,
+	cap bigint
+);
+
+-- A job's life: queued -> running -> succeeded | failed | cancelled (or queued again).
+CREATE TYPE pgqueue.job_state AS ENUM (
+    'queued',
+    'running',
+    'succeeded',
+    'failed',
+    'cancelled'
+);
+
+-- Tenants: plan and quantum (their DRR weight), daily token budget, own cap of queued jobs.
+CREATE TABLE pgqueue.tenants (
+    tenant_id text NOT NULL,
+    plan text DEFAULT 'free'::text NOT NULL,
+    quantum double precision,
+    daily_token_budget bigint,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    max_queued bigint,
+    CONSTRAINT tenants_daily_token_budget_check CHECK (((daily_token_budget IS NULL) OR (daily_token_budget >= 0))),
+    CONSTRAINT tenants_max_queued_check CHECK (((max_queued IS NULL) OR (max_queued >= 0))),
+    CONSTRAINT tenants_plan_name CHECK ((plan ~ '^[A-Za-z0-9_.-]{1,32}$'::text)),
+    CONSTRAINT tenants_quantum_check CHECK (((quantum IS NULL) OR (quantum > (0)::double precision))),
+    CONSTRAINT tenants_quantum_finite CHECK ((quantum < 'Infinity'::double precision)),
+    CONSTRAINT tenants_tenant_id_check CHECK (((tenant_id <> ''::text) AND (char_length(tenant_id) <= 128))),
+    CONSTRAINT tenants_pkey PRIMARY KEY (tenant_id)
+);
+
+ALTER TABLE pgqueue.tenants
+    ADD CONSTRAINT tenants_quantum_floor CHECK (((quantum IS NULL) OR (quantum >= (0.001)::double precision))) NOT VALID;
+
+-- The jobs. tenant_id is part of every key so that the table can be distributed by tenant
+-- (Citus); so there is no foreign key to tenants (020_settings_and_tenants.sql's triggers
+-- keep the reference instead, once per statement).
+CREATE TABLE pgqueue.jobs (
+    id bigint GENERATED ALWAYS AS IDENTITY,
+    tenant_id text NOT NULL,
+    kind text DEFAULT 'anthropic.messages'::text NOT NULL,
+    origin pgqueue.origin NOT NULL,
+    sla_seconds double precision,
+    priority pgqueue.tier NOT NULL,
+    state pgqueue.job_state DEFAULT 'queued'::pgqueue.job_state NOT NULL,
+    payload jsonb NOT NULL,
+    model text,
+    est_input_tokens integer DEFAULT 0 NOT NULL,
+    max_output_tokens integer DEFAULT 0 NOT NULL,
+    cost double precision DEFAULT 1 NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer DEFAULT 5 NOT NULL,
+    throttle_retries integer DEFAULT 0 NOT NULL,
+    run_at timestamp with time zone DEFAULT now() NOT NULL,
+    enqueued_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    lease_expires_at timestamp with time zone,
+    lease_token uuid,
+    worker_id text,
+    result jsonb,
+    last_error text,
+    input_tokens integer,
+    output_tokens integer,
+    dedupe_key text,
+    CONSTRAINT jobs_dedupe_key_check CHECK (((dedupe_key IS NULL) OR ((dedupe_key <> ''::text) AND (char_length(dedupe_key) <= 256)))),
+    CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
+    CONSTRAINT jobs_pkey PRIMARY KEY (id, tenant_id)
+)
+WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02');
+
+ALTER TABLE pgqueue.jobs
+    ADD CONSTRAINT jobs_cost_check CHECK (((cost >= (1)::double precision) AND (cost <= '1000000000'::double precision))) NOT VALID;
+
+ALTER TABLE pgqueue.jobs
+    ADD CONSTRAINT jobs_run_at_range CHECK (((run_at >= '0001-01-02 00:00:00+00'::timestamp with time zone) AND (run_at < '9999-12-30 00:00:00+00'::timestamp with time zone))) NOT VALID;
+
+CREATE UNIQUE INDEX jobs_dedupe_live_idx ON pgqueue.jobs USING btree (tenant_id, dedupe_key) WHERE ((dedupe_key IS NOT NULL) AND (state = ANY (ARRAY['queued'::pgqueue.job_state, 'running'::pgqueue.job_state])));
+
+CREATE INDEX jobs_finished_at_idx ON pgqueue.jobs USING btree (finished_at) WHERE (state = ANY (ARRAY['succeeded'::pgqueue.job_state, 'failed'::pgqueue.job_state, 'cancelled'::pgqueue.job_state]));
+
+CREATE INDEX jobs_queued_run_at_idx ON pgqueue.jobs USING btree (run_at) WHERE (state = 'queued'::pgqueue.job_state);
+
+CREATE INDEX jobs_queued_tenant_head_idx ON pgqueue.jobs USING btree (tenant_id, priority, run_at, id) WHERE (state = 'queued'::pgqueue.job_state);
+
+CREATE INDEX jobs_running_lease_idx ON pgqueue.jobs USING btree (lease_expires_at) WHERE (state = 'running'::pgqueue.job_state);
+
+CREATE INDEX jobs_started_at_idx ON pgqueue.jobs USING btree (started_at) WHERE (started_at IS NOT NULL);
+
+-- 429/529 answers per tenant; five in a minute demote the tenant (090_backpressure.sql).
+CREATE TABLE pgqueue.throttle_events (
+    id bigint GENERATED ALWAYS AS IDENTITY,
+    tenant_id text NOT NULL,
+    job_id bigint,
+    model text,
+    status_code integer NOT NULL,
+    retry_after_seconds double precision,
+    occurred_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT throttle_events_pkey PRIMARY KEY (id, tenant_id)
+);
+
+CREATE INDEX throttle_events_tenant_time_idx ON pgqueue.throttle_events USING btree (tenant_id, occurred_at);
+
+CREATE INDEX throttle_events_time_idx ON pgqueue.throttle_events USING btree (occurred_at);
+
+-- A tenant demoted to batch until expires_at (throttle events or budget overrun).
+CREATE TABLE pgqueue.demotions (
+    id bigint GENERATED ALWAYS AS IDENTITY,
+    tenant_id text NOT NULL,
+    reason text NOT NULL,
+    demoted_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT demotions_check CHECK ((expires_at > demoted_at)),
+    CONSTRAINT demotions_pkey PRIMARY KEY (id, tenant_id),
+    CONSTRAINT demotions_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES pgqueue.tenants(tenant_id)
+);
+
+CREATE INDEX demotions_expiry_idx ON pgqueue.demotions USING btree (expires_at);
+
+CREATE INDEX demotions_tenant_expiry_idx ON pgqueue.demotions USING btree (tenant_id, expires_at);
+
+-- Tokens charged per tenant and budget day (pgqueue.budget_day), for the daily budget.
+CREATE TABLE pgqueue.usage_daily (
+    tenant_id text NOT NULL,
+    day date NOT NULL,
+    requests bigint DEFAULT 0 NOT NULL,
+    input_tokens bigint DEFAULT 0 NOT NULL,
+    output_tokens bigint DEFAULT 0 NOT NULL,
+    CONSTRAINT usage_daily_pkey PRIMARY KEY (tenant_id, day),
+    CONSTRAINT usage_daily_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES pgqueue.tenants(tenant_id)
+);
+
+-- The DRR flow state: one row per backlogged (tenant, tier), its deficit and place (pos)
+-- in the tier's round. pos NULL: waiting to join (not due before due_at). Rows exist only
+-- for tenants with queued work, so the claim's cost grows with active tenants, not jobs.
+CREATE TABLE pgqueue.deficits (
+    tenant_id text NOT NULL,
+    tier pgqueue.tier NOT NULL,
+    deficit double precision DEFAULT 0 NOT NULL,
+    pos bigint,
+    due_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    refill_offset bigint NOT NULL,
+    CONSTRAINT deficits_deficit_check CHECK ((deficit >= (0)::double precision)),
+    CONSTRAINT deficits_pkey PRIMARY KEY (tenant_id, tier)
+)
+WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='500');
+
+CREATE INDEX deficits_round_idx ON pgqueue.deficits USING btree (tier, pos);
+
+CREATE INDEX deficits_waiting_idx ON pgqueue.deficits USING btree (tier, due_at, refill_offset, tenant_id COLLATE "C") WHERE (pos IS NULL);
+
+-- One row per tier: the weighted policy's SWRR current value and the tier's DRR round
+-- (the tenant whose turn is in progress, the round's tail and end, rounds begun).
+CREATE TABLE pgqueue.tier_state (
+    tier pgqueue.tier NOT NULL,
+    weight double precision NOT NULL,
+    swrr_current double precision DEFAULT 0 NOT NULL,
+    turn_tenant text,
+    next_pos bigint DEFAULT 1 NOT NULL,
+    round bigint DEFAULT 0 NOT NULL,
+    round_end_pos bigint DEFAULT 0 NOT NULL,
+    CONSTRAINT tier_state_weight_check CHECK (((weight > (0)::double precision) AND (weight < 'Infinity'::double precision))),
+    CONSTRAINT tier_state_pkey PRIMARY KEY (tier)
+)
+WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='500');
+
+INSERT INTO pgqueue.tier_state (tier, weight)
+VALUES ('critical', 70), ('standard', 25), ('batch', 5);
+
+-- (tier, tenant) pairs that received queued work, appended by triggers in the writer's
+-- transaction and folded into deficits by the next claim: append-only, so an uncommitted
+-- enqueue can never race a claim that drops the pair.
+CREATE TABLE pgqueue.drr_inbox (
+    tier pgqueue.tier NOT NULL,
+    tenant_id text NOT NULL
+)
+WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='500');
+
+-- Exact queued counters for admission control: a delta log per (tier, tenant) (tenant NULL:
+-- the tier's total), folded by queue_counts_compact; docs/admission.md.
+CREATE TABLE pgqueue.queue_counts (
+    tier pgqueue.tier NOT NULL,
+    tenant_id text,
+    queued bigint DEFAULT 0 NOT NULL,
+    dropped bigint DEFAULT 0 NOT NULL,
+    claim_stripe boolean DEFAULT false NOT NULL
+)
+WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='500');
+
+COMMENT ON COLUMN pgqueue.queue_counts.claim_stripe IS 'The key''s claim row (revision 0017): written only by claims, one at a time under the scheduler lock; producers and the compactor leave it alone';
+
+CREATE UNIQUE INDEX queue_counts_claim_key_idx ON pgqueue.queue_counts USING btree (tier, COALESCE(tenant_id, ''::text)) WHERE claim_stripe;
+
+CREATE INDEX queue_counts_key_idx ON pgqueue.queue_counts USING btree (tier, tenant_id);
+
+-- One row per tier: caps of queued jobs (tier, per tenant; NULL = none) and the policy of a
+-- full tier (reject | block | drop; critical is never dropped).
+CREATE TABLE pgqueue.admission (
+    tier pgqueue.tier NOT NULL,
+    max_queued bigint,
+    tenant_max_queued bigint,
+    policy text DEFAULT 'reject'::text NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT admission_critical_never_dropped CHECK (((tier <> 'critical'::pgqueue.tier) OR (policy <> 'drop'::text))),
+    CONSTRAINT admission_max_queued_check CHECK (((max_queued IS NULL) OR (max_queued >= 0))),
+    CONSTRAINT admission_policy_check CHECK ((policy = ANY (ARRAY['reject'::text, 'block'::text, 'drop'::text]))),
+    CONSTRAINT admission_tenant_max_queued_check CHECK (((tenant_max_queued IS NULL) OR (tenant_max_queued >= 0))),
+    CONSTRAINT admission_pkey PRIMARY KEY (tier)
+);
+
+-- Every tier has its row (no caps, policy reject); a trigger keeps them (050_admission.sql).
+INSERT INTO pgqueue.admission (tier) VALUES ('critical'), ('standard'), ('batch');
+
+-- The shared provider limiter: per model, limits per minute, token-bucket levels refilled
+-- to refreshed_at, cooldown after a 429, the observed input-estimate ratio.
+CREATE TABLE pgqueue.rate_limits (
+    model text NOT NULL,
+    requests_per_minute double precision NOT NULL,
+    input_tokens_per_minute double precision NOT NULL,
+    output_tokens_per_minute double precision NOT NULL,
+    requests_available double precision NOT NULL,
+    input_tokens_available double precision NOT NULL,
+    output_tokens_available double precision NOT NULL,
+    refreshed_at timestamp with time zone DEFAULT now() NOT NULL,
+    cooldown_until timestamp with time zone,
+    input_estimate_ratio double precision DEFAULT 1.0 NOT NULL,
+    limits_from_headers boolean DEFAULT false NOT NULL,
+    CONSTRAINT rate_limits_input_estimate_ratio_check CHECK ((input_estimate_ratio > (0)::double precision)),
+    CONSTRAINT rate_limits_input_tokens_per_minute_check CHECK ((input_tokens_per_minute > (0)::double precision)),
+    CONSTRAINT rate_limits_model_check CHECK ((model <> ''::text)),
+    CONSTRAINT rate_limits_output_tokens_per_minute_check CHECK ((output_tokens_per_minute > (0)::double precision)),
+    CONSTRAINT rate_limits_requests_per_minute_check CHECK ((requests_per_minute > (0)::double precision)),
+    CONSTRAINT rate_limits_pkey PRIMARY KEY (model)
+)
+WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='500');

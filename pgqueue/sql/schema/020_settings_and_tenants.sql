@@ -1,0 +1,143 @@
+-- Settings and tenants: how a rule reads its GUC (pgqueue.<name>), a tenant's DRR quantum,
+-- registering a tenant on first use (or refusing an unknown one, PQ007, when
+-- pgqueue.require_known_tenant is on), and the triggers that keep jobs pointing at known
+-- tenants without a foreign key (jobs has none: 010_tables.sql).
+
+-- A numeric GUC with a default (settings are read where the rule runs, on any host).
+CREATE OR REPLACE FUNCTION pgqueue.setting(name text, default_value double precision)
+RETURNS double precision
+LANGUAGE sql STABLE
+AS $$
+    SELECT coalesce(nullif(current_setting('pgqueue.' || name, true), '')::double precision,
+                    default_value)
+$$;
+
+-- Base quantum in cost units: GUC pgqueue.default_quantum, else 5.
+CREATE OR REPLACE FUNCTION pgqueue.base_quantum()
+RETURNS double precision
+LANGUAGE sql STABLE
+AS $$
+    SELECT coalesce(nullif(current_setting('pgqueue.default_quantum', true), '')::float8, 5.0)
+$$;
+
+-- quantum_for_plan() of pgqueue.scheduling.drr: the per-tenant override, else base × the
+-- plan's multiplier (pro ×3, any other plan ×1).
+CREATE OR REPLACE FUNCTION pgqueue.plan_quantum(plan text, override double precision,
+                                                base double precision)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT coalesce(override,
+                    base * CASE lower(btrim(coalesce(plan, ''), E' \t\n\r\f\v'))
+                               WHEN 'pro' THEN 3.0 ELSE 1.0 END)
+$$;
+
+-- A tenant's quantum in cost units per DRR turn (the default for an unknown tenant).
+CREATE OR REPLACE FUNCTION pgqueue.tenant_quantum(tenant_id text)
+RETURNS double precision
+LANGUAGE sql STABLE
+AS $$
+    SELECT pgqueue.plan_quantum(t.plan, t.quantum, pgqueue.base_quantum())
+    FROM (SELECT 1) AS one
+    LEFT JOIN pgqueue.tenants t ON t.tenant_id = tenant_quantum.tenant_id
+$$;
+
+CREATE OR REPLACE FUNCTION pgqueue.tenants_required() RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    -- Whether jobs of tenants not in pgqueue.tenants are refused (PQ007) rather than their
+    -- tenants registered: the pgqueue.require_known_tenant setting, read as Postgres reads a
+    -- boolean (on, true, yes, 1, t, y; any case, spaces around). Found by a tester: 'ON',
+    -- 'yes' and 'True ' read as off.
+    SELECT lower(btrim(coalesce(current_setting('pgqueue.require_known_tenant', true), '')))
+           IN ('on', 'true', 'yes', '1', 't', 'y')
+$$;
+
+-- Registers the tenant on first use; with pgqueue.require_known_tenant on, refuses an unknown
+-- tenant instead (PQ007).
+CREATE OR REPLACE FUNCTION pgqueue.ensure_tenant(tenant_id text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM 1 FROM pgqueue.tenants t WHERE t.tenant_id = ensure_tenant.tenant_id;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    IF pgqueue.tenants_required() THEN
+        RAISE EXCEPTION 'unknown tenant %', quote_literal(ensure_tenant.tenant_id)
+            USING ERRCODE = 'PQ007';
+    END IF;
+    INSERT INTO pgqueue.tenants (tenant_id) VALUES (ensure_tenant.tenant_id)
+    ON CONFLICT DO NOTHING;
+END
+$$;
+
+-- A job moved to another tenant (rare: no pgqueue statement does it) must name a known one.
+CREATE OR REPLACE FUNCTION pgqueue.jobs_tenant_known()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM 1 FROM pgqueue.tenants t WHERE t.tenant_id = NEW.tenant_id FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown tenant %: register it first (pgqueue.ensure_tenant)',
+            quote_literal(NEW.tenant_id) USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER jobs_tenant_known
+    BEFORE UPDATE OF tenant_id ON pgqueue.jobs
+    FOR EACH ROW
+    WHEN ((new.tenant_id IS DISTINCT FROM old.tenant_id))
+    EXECUTE FUNCTION pgqueue.jobs_tenant_known();
+
+-- A tenant that jobs reference cannot go away or change its id (the foreign key's NO ACTION).
+CREATE OR REPLACE FUNCTION pgqueue.tenants_keep_referenced()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' AND NEW.tenant_id = OLD.tenant_id THEN
+        RETURN NEW;
+    END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'delete or rename tenants in a READ COMMITTED transaction, not %',
+            upper(current_setting('transaction_isolation'))
+            USING ERRCODE = 'feature_not_supported',
+                  DETAIL = 'The check for the tenant''s jobs must see jobs committed after '
+                           'this transaction''s snapshot.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pgqueue.jobs j WHERE j.tenant_id = OLD.tenant_id) THEN
+        RAISE EXCEPTION 'tenant % still has jobs in pgqueue.jobs', quote_literal(OLD.tenant_id)
+            USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+END
+$$;
+
+CREATE TRIGGER tenants_keep_referenced
+    BEFORE DELETE OR UPDATE OF tenant_id ON pgqueue.tenants
+    FOR EACH ROW
+    EXECUTE FUNCTION pgqueue.tenants_keep_referenced();
+
+-- TRUNCATE pgqueue.tenants while jobs remain (the foreign key refused it, or with CASCADE
+-- emptied pgqueue.jobs too): refused, unless pgqueue.jobs is truncated in the same statement.
+CREATE OR REPLACE FUNCTION pgqueue.tenants_truncate_guard()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pgqueue.jobs) THEN
+        RAISE EXCEPTION 'pgqueue.jobs still has jobs: truncate it in the same statement'
+            USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER tenants_truncate_guard
+    AFTER TRUNCATE ON pgqueue.tenants
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION pgqueue.tenants_truncate_guard();

@@ -1,0 +1,164 @@
+-- Enqueue, part 1: validation and classification. Bad input raises a PQxxx SQLSTATE
+-- (pgqueue/errors.py maps them to Python errors) before anything is written; the tier is
+-- chosen in one place (classify); a job's cost is estimated from its payload.
+
+-- The one place a tier is chosen (mirrored by pgqueue.scheduling.tiers.classify, and tested
+-- against it): a demoted tenant -> batch; user_action -> critical; no SLA or >= 1 day -> batch;
+-- else standard.
+CREATE OR REPLACE FUNCTION pgqueue.classify(origin pgqueue.origin, sla_seconds double precision,
+                                            demoted boolean)
+RETURNS pgqueue.tier
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN demoted THEN 'batch'::pgqueue.tier
+        WHEN origin = 'user_action' THEN 'critical'::pgqueue.tier
+        WHEN sla_seconds IS NULL OR sla_seconds >= 86400 THEN 'batch'::pgqueue.tier
+        ELSE 'standard'::pgqueue.tier
+    END
+$$;
+
+-- payload.max_tokens when it is a positive integer in range, else 0 (non-Messages kinds).
+CREATE OR REPLACE FUNCTION pgqueue.payload_max_tokens(payload jsonb)
+RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN jsonb_typeof(payload -> 'max_tokens') = 'number'
+             AND (payload ->> 'max_tokens')::numeric BETWEEN 1 AND 2147483647
+        THEN floor((payload ->> 'max_tokens')::numeric)::integer
+        ELSE 0
+    END
+$$;
+
+-- Estimated input tokens (revision 0001's rule: ceil(characters / 4) over the strings that
+-- the four paths below select) as a one-row table function: LANGUAGE sql, IMMUTABLE, not
+-- STRICT, returning a set, so Postgres inlines it as a subquery wherever it is used in FROM
+-- (`CROSS JOIN LATERAL pgqueue.input_token_estimate(payload) e`), planned once with the
+-- calling statement. The paths' results are gathered with jsonb_path_query_array (plain
+-- functions) into one array and counted with one set-returning call: the same strings as
+-- 0001's four jsonb_path_query calls, about a third of the cost. The one copy of the rule;
+-- pgqueue.estimate_input_tokens(payload) reads it.
+CREATE OR REPLACE FUNCTION pgqueue.input_token_estimate(payload jsonb)
+RETURNS TABLE (est integer)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT ceil(coalesce(sum(char_length(t.s)), 0) / 4.0)::integer
+    FROM jsonb_array_elements_text(
+            jsonb_path_query_array(payload, 'lax $.system ? (@.type() == "string")')
+         || jsonb_path_query_array(payload, 'lax $.system[*].text ? (@.type() == "string")')
+         || jsonb_path_query_array(payload,
+                                   'lax $.messages[*].content ? (@.type() == "string")')
+         || jsonb_path_query_array(payload,
+                                   'lax $.messages[*].content[*].text ? (@.type() == "string")')
+         ) AS t(s)
+$$;
+
+-- Estimated input tokens of a payload (the rule is input_token_estimate's, above).
+CREATE OR REPLACE FUNCTION pgqueue.estimate_input_tokens(payload jsonb)
+RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT e.est FROM pgqueue.input_token_estimate(payload) e $$;
+
+-- Cost in DRR cost units: max(1, estimated input tokens / 1000).
+CREATE OR REPLACE FUNCTION pgqueue.job_cost(est_input_tokens integer)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT greatest(1.0, est_input_tokens / 1000.0)::double precision $$;
+
+-- Raises a PQxxx SQLSTATE (see pgqueue/errors.py) for bad input; returns the parsed origin.
+CREATE OR REPLACE FUNCTION pgqueue.validate_job(tenant_id text, origin text, payload jsonb,
+                                                sla_seconds double precision, kind text,
+                                                max_attempts integer)
+RETURNS pgqueue.origin
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    max_bytes bigint := coalesce(
+        nullif(current_setting('pgqueue.max_payload_bytes', true), '')::bigint, 1048576);
+    size_bytes bigint;
+BEGIN
+    IF tenant_id IS NULL OR tenant_id = '' OR char_length(tenant_id) > 128 THEN
+        RAISE EXCEPTION 'tenant_id must be 1 to 128 characters'
+            USING ERRCODE = 'PQ006';
+    END IF;
+    IF origin IS NULL OR origin NOT IN ('user_action', 'scheduled', 'batch_job') THEN
+        RAISE EXCEPTION 'unknown origin %; expected user_action, scheduled or batch_job',
+            quote_nullable(origin) USING ERRCODE = 'PQ004';
+    END IF;
+    IF sla_seconds IS NOT NULL AND (sla_seconds < 0 OR sla_seconds = 'NaN'::float8
+                                    OR sla_seconds = 'Infinity'::float8) THEN
+        RAISE EXCEPTION 'sla_seconds must be a finite number >= 0 or NULL, got %', sla_seconds
+            USING ERRCODE = 'PQ005';
+    END IF;
+    IF kind IS NULL OR kind = '' OR char_length(kind) > 128 THEN
+        RAISE EXCEPTION 'kind must be 1 to 128 characters' USING ERRCODE = 'PQ008';
+    END IF;
+    IF max_attempts IS NOT NULL AND (max_attempts < 1 OR max_attempts > 1000) THEN
+        RAISE EXCEPTION 'max_attempts must be between 1 and 1000, got %', max_attempts
+            USING ERRCODE = 'PQ009';
+    END IF;
+    IF payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
+        RAISE EXCEPTION 'payload must be a JSON object' USING ERRCODE = 'PQ001';
+    END IF;
+    size_bytes := octet_length(payload::text);
+    IF size_bytes > max_bytes THEN
+        RAISE EXCEPTION 'payload is % bytes, over the cap of % bytes', size_bytes, max_bytes
+            USING ERRCODE = 'PQ002';
+    END IF;
+    IF kind = 'anthropic.messages' THEN
+        IF jsonb_typeof(payload -> 'model') IS DISTINCT FROM 'string'
+           OR payload ->> 'model' = '' THEN
+            RAISE EXCEPTION 'payload.model must be a non-empty string' USING ERRCODE = 'PQ001';
+        END IF;
+        IF jsonb_typeof(payload -> 'max_tokens') IS DISTINCT FROM 'number'
+           OR (payload ->> 'max_tokens')::numeric <= 0
+           OR (payload ->> 'max_tokens')::numeric > 2147483647
+           OR (payload ->> 'max_tokens')::numeric <> trunc((payload ->> 'max_tokens')::numeric)
+        THEN
+            RAISE EXCEPTION 'payload.max_tokens must be a positive integer'
+                USING ERRCODE = 'PQ001';
+        END IF;
+        IF jsonb_typeof(payload -> 'messages') IS DISTINCT FROM 'array'
+           OR jsonb_array_length(payload -> 'messages') = 0 THEN
+            RAISE EXCEPTION 'payload.messages must be a non-empty array'
+                USING ERRCODE = 'PQ001';
+        END IF;
+    END IF;
+    RETURN origin::pgqueue.origin;
+END
+$$;
+
+-- True when pgqueue.validate_job would accept these arguments; never raises. One boolean
+-- expression (LANGUAGE sql, no FROM, not STRICT), so Postgres inlines it into the calling
+-- query: the batch enqueue checks all its jobs in one pass and calls validate_job only for a
+-- job this rejects, to raise that job's exact error. CASE (not AND/OR) guards every cast, so
+-- evaluation order never matters. A test holds it equal to validate_job.
+CREATE OR REPLACE FUNCTION pgqueue.job_is_valid(tenant_id text, origin text, payload jsonb,
+                                                sla_seconds double precision, kind text,
+                                                max_attempts integer, max_payload_bytes bigint)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN tenant_id IS NULL OR tenant_id = '' OR char_length(tenant_id) > 128 THEN false
+        WHEN origin IS NULL OR origin NOT IN ('user_action', 'scheduled', 'batch_job') THEN false
+        WHEN sla_seconds IS NOT NULL
+             AND (sla_seconds < 0 OR sla_seconds = 'NaN'::float8
+                  OR sla_seconds = 'Infinity'::float8) THEN false
+        WHEN kind IS NULL OR kind = '' OR char_length(kind) > 128 THEN false
+        WHEN max_attempts IS NOT NULL AND (max_attempts < 1 OR max_attempts > 1000) THEN false
+        WHEN payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN false
+        WHEN octet_length(payload::text) > max_payload_bytes THEN false
+        WHEN kind <> 'anthropic.messages' THEN true
+        WHEN jsonb_typeof(payload -> 'model') IS DISTINCT FROM 'string'
+             OR payload ->> 'model' = '' THEN false
+        WHEN jsonb_typeof(payload -> 'max_tokens') IS DISTINCT FROM 'number' THEN false
+        WHEN (payload -> 'max_tokens')::numeric <= 0
+             OR (payload -> 'max_tokens')::numeric > 2147483647
+             OR (payload -> 'max_tokens')::numeric
+                <> trunc((payload -> 'max_tokens')::numeric) THEN false
+        WHEN jsonb_typeof(payload -> 'messages') IS DISTINCT FROM 'array' THEN false
+        ELSE jsonb_array_length(payload -> 'messages') > 0
+    END
+$$;

@@ -1,0 +1,175 @@
+-- Views for dashboards and `pgqueue status`, with the table functions behind them (a window
+-- as argument): queue depth, the claim order, service per tenant, Jain's fairness index,
+-- latency against the SLOs, the rate limiter's state, admission.
+
+-- Jobs waiting and running per tier (every tier listed, zeros included), the oldest queued
+-- job's age in seconds, and how many queued jobs are due now.
+CREATE VIEW pgqueue.queue_depth AS
+SELECT t.tier,
+       coalesce(q.queued, 0) AS queued,
+       coalesce(q.due, 0) AS due,
+       coalesce(q.running, 0) AS running,
+       q.oldest_queued_seconds
+FROM unnest(enum_range(NULL::pgqueue.tier)) AS t(tier)
+LEFT JOIN (
+    SELECT j.priority,
+           count(*) FILTER (WHERE j.state = 'queued') AS queued,
+           count(*) FILTER (WHERE j.state = 'queued' AND j.run_at <= now()) AS due,
+           count(*) FILTER (WHERE j.state = 'running') AS running,
+           extract(epoch FROM now() - min(j.enqueued_at) FILTER (WHERE j.state = 'queued'))
+               ::double precision AS oldest_queued_seconds
+    FROM pgqueue.jobs j
+    WHERE j.state IN ('queued', 'running')
+    GROUP BY j.priority
+) q ON q.priority = t.tier
+ORDER BY t.tier;
+
+-- The DRR-weighted order: (tier, round, tenant, job, cost) the next claims would take on a
+-- quiet system; round 0 is the round in progress in that tier. Shows the next
+-- pgqueue.claim_order_rows (GUC, default 100) dispatches; pgqueue.claim_preview(n) for more.
+CREATE VIEW pgqueue.claim_order AS
+SELECT p.seq, p.tier, p.round, p.tenant_id, p.job_id, p.cost
+FROM pgqueue.claim_preview(
+    coalesce(nullif(current_setting('pgqueue.claim_order_rows', true), '')::integer, 100)) p
+ORDER BY p.seq;
+
+-- Per tenant and tier, over the last `service_window`: jobs and cost units served (claimed),
+-- queued now, the tenant's quantum (its DRR weight), and whether it was backlogged in the
+-- window (had work waiting at some moment of it: served in it, or queued now).
+CREATE OR REPLACE FUNCTION pgqueue.tenant_service_in(service_window interval)
+RETURNS TABLE (tenant_id text, tier pgqueue.tier, jobs_served bigint,
+               cost_served double precision, jobs_queued bigint,
+               cost_queued double precision, quantum double precision, backlogged boolean)
+LANGUAGE sql STABLE
+AS $$
+    WITH served AS (
+        SELECT j.tenant_id, j.priority AS tier, count(*) AS n, sum(j.cost) AS c
+        FROM pgqueue.jobs j
+        WHERE j.started_at >= now() - service_window
+        GROUP BY j.tenant_id, j.priority
+    ), queued AS (
+        SELECT j.tenant_id, j.priority AS tier, count(*) AS n, sum(j.cost) AS c
+        FROM pgqueue.jobs j
+        WHERE j.state = 'queued' AND j.enqueued_at <= now()
+        GROUP BY j.tenant_id, j.priority
+    )
+    SELECT coalesce(s.tenant_id, q.tenant_id), coalesce(s.tier, q.tier),
+           coalesce(s.n, 0), coalesce(s.c, 0)::double precision,
+           coalesce(q.n, 0), coalesce(q.c, 0)::double precision,
+           pgqueue.tenant_quantum(coalesce(s.tenant_id, q.tenant_id)),
+           true
+    FROM served s
+    FULL JOIN queued q ON q.tenant_id = s.tenant_id AND q.tier = s.tier
+$$;
+
+CREATE VIEW pgqueue.tenant_service AS
+SELECT w.window_name, w.service_window, ts.*
+FROM (VALUES ('1m', interval '1 minute'), ('5m', interval '5 minutes'),
+             ('1h', interval '1 hour')) AS w(window_name, service_window)
+CROSS JOIN LATERAL pgqueue.tenant_service_in(w.service_window) ts;
+
+-- Jain's index (Σx)²/(n·Σx²) over the tenants backlogged in the window, per tier and over all
+-- tiers (tier NULL): x = cost served / quantum (weight-normalised), and x = cost served.
+-- 1.0 when nobody was backlogged.
+CREATE OR REPLACE FUNCTION pgqueue.fairness_in(service_window interval)
+RETURNS TABLE (tier pgqueue.tier, tenants bigint, jain_weighted double precision,
+               jain_unweighted double precision)
+LANGUAGE sql STABLE
+AS $$
+    WITH per_tenant AS (
+        SELECT s.tier, s.tenant_id, sum(s.cost_served) AS c, max(s.quantum) AS q
+        FROM pgqueue.tenant_service_in(service_window) s
+        WHERE s.backlogged
+        GROUP BY GROUPING SETS ((s.tier, s.tenant_id), (s.tenant_id))
+    )
+    SELECT p.tier, count(*),
+           CASE WHEN sum((p.c / p.q) ^ 2) > 0
+                THEN least(1.0, sum(p.c / p.q) ^ 2 / (count(*) * sum((p.c / p.q) ^ 2)))
+                ELSE 1.0 END,
+           CASE WHEN sum(p.c ^ 2) > 0
+                THEN least(1.0, sum(p.c) ^ 2 / (count(*) * sum(p.c ^ 2)))
+                ELSE 1.0 END
+    FROM per_tenant p
+    GROUP BY p.tier
+$$;
+
+CREATE VIEW pgqueue.fairness AS
+SELECT w.window_name, w.service_window, f.*
+FROM (VALUES ('1m', interval '1 minute'), ('5m', interval '5 minutes'),
+             ('1h', interval '1 hour')) AS w(window_name, service_window)
+CROSS JOIN LATERAL pgqueue.fairness_in(w.service_window) f;
+
+-- The latency SLOs per tier, in seconds of enqueue-to-finish at p99 (the article's figures):
+-- critical 2 s, standard 6 s, batch 120 s. GUCs pgqueue.slo_p99_<tier>_seconds override.
+CREATE OR REPLACE FUNCTION pgqueue.slo_p99_seconds(tier pgqueue.tier)
+RETURNS double precision
+LANGUAGE sql STABLE
+AS $$
+    SELECT pgqueue.setting('slo_p99_' || tier::text || '_seconds',
+                           CASE tier WHEN 'critical' THEN 2 WHEN 'standard' THEN 6 ELSE 120 END)
+$$;
+
+-- p50 / p95 / p99 of enqueue-to-finish latency (seconds) of jobs that finished in the window,
+-- per tier, against the SLO; meets_slo is NULL when nothing finished.
+CREATE OR REPLACE FUNCTION pgqueue.latency_slo_in(slo_window interval)
+RETURNS TABLE (tier pgqueue.tier, finished bigint, succeeded bigint, failed bigint,
+               p50_seconds double precision, p95_seconds double precision,
+               p99_seconds double precision, slo_p99_seconds double precision,
+               meets_slo boolean)
+LANGUAGE sql STABLE
+AS $$
+    SELECT t.tier, coalesce(l.finished, 0), coalesce(l.succeeded, 0), coalesce(l.failed, 0),
+           l.p50, l.p95, l.p99, pgqueue.slo_p99_seconds(t.tier),
+           CASE WHEN l.p99 IS NULL THEN NULL ELSE l.p99 <= pgqueue.slo_p99_seconds(t.tier) END
+    FROM unnest(enum_range(NULL::pgqueue.tier)) AS t(tier)
+    LEFT JOIN (
+        SELECT j.priority,
+               count(*) AS finished,
+               count(*) FILTER (WHERE j.state = 'succeeded') AS succeeded,
+               count(*) FILTER (WHERE j.state = 'failed') AS failed,
+               percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM j.finished_at - j.enqueued_at)) AS p50,
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM j.finished_at - j.enqueued_at)) AS p95,
+               percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM j.finished_at - j.enqueued_at)) AS p99
+        FROM pgqueue.jobs j
+        WHERE j.state IN ('succeeded', 'failed') AND j.finished_at >= now() - slo_window
+        GROUP BY j.priority
+    ) l ON l.priority = t.tier
+    ORDER BY t.tier
+$$;
+
+CREATE VIEW pgqueue.latency_slo AS
+SELECT w.window_name, w.slo_window, s.*
+FROM (VALUES ('5m', interval '5 minutes'), ('1h', interval '1 hour'),
+             ('24h', interval '24 hours')) AS w(window_name, slo_window)
+CROSS JOIN LATERAL pgqueue.latency_slo_in(w.slo_window) s;
+
+-- Per model: limits, levels refilled to now, cooldown, estimate ratio (read-only).
+CREATE VIEW pgqueue.rate_limit_state AS
+SELECT l.model, l.requests_per_minute, l.input_tokens_per_minute, l.output_tokens_per_minute,
+       least(l.requests_per_minute, l.requests_available
+             + greatest(0, extract(epoch FROM now() - l.refreshed_at)) * l.requests_per_minute / 60.0)
+           AS requests_available,
+       least(l.input_tokens_per_minute, l.input_tokens_available
+             + greatest(0, extract(epoch FROM now() - l.refreshed_at)) * l.input_tokens_per_minute / 60.0)
+           AS input_tokens_available,
+       least(l.output_tokens_per_minute, l.output_tokens_available
+             + greatest(0, extract(epoch FROM now() - l.refreshed_at)) * l.output_tokens_per_minute / 60.0)
+           AS output_tokens_available,
+       coalesce(l.cooldown_until > now(), false) AS cooling_down,
+       l.cooldown_until, l.input_estimate_ratio, l.limits_from_headers
+FROM pgqueue.rate_limits l;
+
+-- Per tier: queued jobs (from the counters, no scan of jobs), the caps and policy, and the
+-- jobs dropped by admission so far.
+CREATE VIEW pgqueue.admission_status AS
+SELECT a.tier, coalesce(c.queued, 0)::bigint AS queued, a.max_queued, a.tenant_max_queued,
+       a.policy, coalesce(c.dropped, 0)::bigint AS dropped
+FROM pgqueue.admission a
+LEFT JOIN (
+    SELECT qc.tier,
+           sum(qc.queued) FILTER (WHERE qc.tenant_id IS NULL) AS queued,
+           sum(qc.dropped) FILTER (WHERE qc.tenant_id IS NOT NULL) AS dropped
+    FROM pgqueue.queue_counts qc
+    GROUP BY qc.tier
+) c ON c.tier = a.tier
+ORDER BY a.tier;

@@ -1,0 +1,128 @@
+"""The schema has one source, the files of ``pgqueue/sql/schema``: a database migrated from
+empty and one migrated by the old revision chain (``tests/fixtures/schema_0030.sql``, at 0030
+with rows in every table) are the same schema after ``pgqueue migrate``, that database keeps
+every row, and each function, trigger, view and table is defined by exactly one file."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgqueue.db import migrate, queries
+from tests.db.schema_catalog import catalog
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "schema_0030.sql"
+
+_BODY = re.compile(r"\$(\w*)\$.*?\$\1\$", re.S)
+_COMMENT = re.compile(r"--[^\n]*")
+_DEFINITIONS = {
+    "function": re.compile(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+pgqueue\.(\w+)\s*\(", re.I),
+    "view": re.compile(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?VIEW\s+pgqueue\.(\w+)", re.I),
+    "trigger": re.compile(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?TRIGGER\s+(\w+)\s", re.I),
+    "table": re.compile(r"\bCREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?pgqueue\.(\w+)", re.I),
+}
+_IN_DATABASE = {
+    "function": "SELECT proname FROM pg_proc WHERE pronamespace = 'pgqueue'::regnamespace",
+    "view": "SELECT relname FROM pg_class "
+    "WHERE relnamespace = 'pgqueue'::regnamespace AND relkind = 'v'",
+    "trigger": "SELECT t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+    "WHERE c.relnamespace = 'pgqueue'::regnamespace AND NOT t.tgisinternal",
+    "table": "SELECT relname FROM pg_class WHERE relnamespace = 'pgqueue'::regnamespace "
+    "AND relkind = 'r' AND relname <> 'alembic_version'",
+}
+
+
+def _load_0030(dsn: str) -> None:
+    """Restore the 0030 dump into the empty database ``dsn`` (its grants name the roles that
+    `pgqueue grant` creates: the caller makes sure they exist)."""
+    with psycopg.connect(dsn) as conn:
+        conn.execute(FIXTURE.read_text(encoding="utf-8").encode())
+
+
+def _grant(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        queries.run(conn, "security_grant")
+
+
+def _rows(dsn: str) -> dict[str, tuple[int, str]]:
+    """Per table of the schema: its row count and an md5 of its rows in text form."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        tables = [r[0] for r in conn.execute(_IN_DATABASE["table"]).fetchall()]
+        found = {}
+        for table in tables:
+            query = sql.SQL(
+                "SELECT count(*), md5(coalesce(string_agg(t::text, E'\\n' ORDER BY t::text), ''))"
+                " FROM pgqueue.{} t"
+            ).format(sql.Identifier(table))
+            count, digest = conn.execute(query).fetchone()  # type: ignore[misc]
+            found[table] = (count, digest)
+    return found
+
+
+def test_migrate_from_empty_and_from_0030_give_the_same_catalog(db_dsn, empty_db_dsn):
+    _grant(db_dsn)  # creates the roles the dump's grants name
+    _load_0030(empty_db_dsn)
+    migrate.upgrade(empty_db_dsn)
+    _grant(empty_db_dsn)
+    with psycopg.connect(db_dsn) as fresh, psycopg.connect(empty_db_dsn) as upgraded:
+        assert migrate.check_schema(upgraded) == migrate.head_revision()
+        want, got = catalog(fresh), catalog(upgraded)
+    for kind in want:
+        assert got[kind] == want[kind], kind
+    assert len(want["functions"]) >= 61 and len(want["views"]) >= 7
+    assert len(want["triggers"]) >= 12  # 11 of the migrations + `pgqueue grant`'s tenant scope
+
+
+def test_a_fresh_schema_starts_with_its_rows(db_dsn):
+    with psycopg.connect(db_dsn) as conn:
+        weights = conn.execute(
+            "SELECT s.tier::text, s.weight FROM pgqueue.tier_state s ORDER BY s.tier"
+        ).fetchall()
+        admission = conn.execute(
+            "SELECT a.tier::text, a.max_queued, a.tenant_max_queued, a.policy"
+            " FROM pgqueue.admission a ORDER BY a.tier"
+        ).fetchall()
+    assert weights == [("critical", 70), ("standard", 25), ("batch", 5)]
+    assert admission == [(t, None, None, "reject") for t in ("critical", "standard", "batch")]
+
+
+def test_upgrade_from_0030_keeps_every_row(db_dsn, empty_db_dsn):
+    _grant(db_dsn)
+    _load_0030(empty_db_dsn)
+    before = _rows(empty_db_dsn)
+    migrate.upgrade(empty_db_dsn)
+    after = _rows(empty_db_dsn)
+    assert after == before
+    assert len(before) == 11
+    assert all(count > 0 for count, _digest in before.values()), before
+    assert before["jobs"][0] == 59
+
+
+def _defined_in_files() -> dict[str, Counter[tuple[str, str]]]:
+    """Per kind of object: (name, file) pairs, once per CREATE statement in the schema files
+    (function bodies and comments left out, so only top-level statements count)."""
+    found: dict[str, Counter[tuple[str, str]]] = {kind: Counter() for kind in _DEFINITIONS}
+    for path in migrate.schema_files():
+        text = _COMMENT.sub("", _BODY.sub("", path.read_text(encoding="utf-8")))
+        for kind, pattern in _DEFINITIONS.items():
+            for name in pattern.findall(text):
+                found[kind][(name, path.name)] += 1
+    return found
+
+
+@pytest.mark.parametrize("kind", sorted(_DEFINITIONS))
+def test_every_object_is_defined_by_exactly_one_schema_file(db_dsn, kind):
+    with psycopg.connect(db_dsn) as conn:
+        in_database = Counter(r[0] for r in conn.execute(_IN_DATABASE[kind]).fetchall())
+    defined = _defined_in_files()[kind]
+    assert in_database, kind
+    for name, count in in_database.items():
+        assert count == 1, f"{kind} {name}: {count} in the database (overloads?)"
+        files = {(n, f): c for (n, f), c in defined.items() if n == name}
+        assert list(files.values()) == [1], f"{kind} {name} is defined by {files or 'no file'}"
+    assert {n for n, _f in defined} == set(in_database), kind
