@@ -36,19 +36,24 @@ UPDATE sched.jobs j SET state = 'running' FROM picked WHERE j.id = picked.id RET
 """
 
 
-def scratch(dsn: str) -> str:
+def scratch(dsn: str, name: str = SCRATCH) -> str:
     with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute(f"DROP DATABASE IF EXISTS {SCRATCH} WITH (FORCE)")
-        c.execute(f"CREATE DATABASE {SCRATCH}")
-    target = make_conninfo(dsn, dbname=SCRATCH)
+        c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        c.execute(f"CREATE DATABASE {name}")
+    target = make_conninfo(dsn, dbname=name)
     with psycopg.connect(target) as c:
         c.execute(SQL.read_text())
     return target
 
 
-def drop(dsn: str) -> None:
+def vacuum(target: str) -> None:
+    with psycopg.connect(target, autocommit=True) as c:
+        c.execute("VACUUM ANALYZE sched.jobs")
+
+
+def drop(dsn: str, name: str = SCRATCH) -> None:
     with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute(f"DROP DATABASE IF EXISTS {SCRATCH} WITH (FORCE)")
+        c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def reset(c: psycopg.Connection[Any], quanta: dict[str, int]) -> None:
@@ -132,19 +137,19 @@ def agree(dsn: str, cases: int, seed: int) -> None:
     drop(dsn)
 
 
-def _median_ms(c: psycopg.Connection[Any], statement: str, runs: int) -> float:
+def _timed_ms(c: psycopg.Connection[Any], statement: str, runs: int) -> list[float]:
     times = []
     for _ in range(runs):
         start = time.perf_counter()
         c.execute(statement)
         c.commit()
         times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
+    return times
 
 
-def scale_one(dsn: str, queued: int, tenants: int, horizon: int) -> dict[str, float]:
-    target = scratch(dsn)
-    out: dict[str, float] = {}
+def build(dsn: str, name: str, queued: int, tenants: int, horizon: int) -> str:
+    """A scratch database with ``queued`` jobs over ``tenants``, folded once (timed)."""
+    target = scratch(dsn, name)
     with psycopg.connect(target) as c:
         start = time.perf_counter()
         c.execute(
@@ -153,28 +158,46 @@ def scale_one(dsn: str, queued: int, tenants: int, horizon: int) -> dict[str, fl
             (tenants, queued),
         )
         c.commit()
-        c.execute("VACUUM ANALYZE sched.jobs")
-        print(f"scale {queued}/{tenants}: built in {time.perf_counter() - start:.1f} s")
+        built = time.perf_counter() - start
+        vacuum(target)
         start = time.perf_counter()
-        stamped = c.execute("SELECT sched.fold('m', 0::smallint, %s)", (horizon,)).fetchone()
+        row = c.execute("SELECT sched.fold('m', 0::smallint, %s)", (horizon,)).fetchone()
         c.commit()
-        out["first_fold_ms"] = (time.perf_counter() - start) * 1000
-        out["first_fold_rows"] = float(stamped[0] if stamped else 0)
-        c.execute("VACUUM ANALYZE sched.jobs")
-        out["claim10_ms"] = _median_ms(
-            c, "SELECT id FROM sched.claim('m', 0::smallint, 10, 'w', 4, false)", 200
+        fold_ms = (time.perf_counter() - start) * 1000
+        vacuum(target)
+        idle = statistics.median(_timed_ms(c, f"SELECT sched.fold('m', 0::smallint, {horizon})", 5))
+    print(
+        f"scale {queued}/{tenants}: built in {built:.1f} s, first fold {fold_ms:.0f} ms"
+        f" for {row[0] if row else 0} jobs, a fold with nothing new {idle:.1f} ms"
+    )
+    return target
+
+
+def scale(dsn: str) -> None:
+    """Claim times at 10k/10 and 1M/10k, interleaved (the box is shared), then EXPLAIN."""
+    small = build(dsn, "sched_v2_small", 10_000, 10, 1000)
+    large = build(dsn, "sched_v2_large", 1_000_000, 10_000, 4)
+    times: dict[tuple[str, int], list[float]] = {}
+    with psycopg.connect(small) as cs, psycopg.connect(large) as cl:
+        for _ in range(10):
+            for label, c in (("10k/10", cs), ("1M/10k", cl)):
+                for n in (1, 10):
+                    statement = f"SELECT id FROM sched.claim('m', 0::smallint, {n}, 'w', 4, false)"
+                    times.setdefault((label, n), []).extend(_timed_ms(c, statement, 10))
+        for label, c in (("10k/10", cs), ("1M/10k", cl)):
+            plan = c.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + CLAIM).fetchall()
+            c.rollback()
+            print(f"EXPLAIN of the claim statement at {label}:")
+            print("\n".join("    " + r[0] for r in plan))
+    for n in (1, 10):
+        a = statistics.median(times[("10k/10", n)])
+        b = statistics.median(times[("1M/10k", n)])
+        print(
+            f"claim({n}) + commit, median of 100: 10k/10 {a:.2f} ms, 1M/10k {b:.2f} ms,"
+            f" ratio {b / a:.2f}"
         )
-        out["claim1_ms"] = _median_ms(
-            c, "SELECT id FROM sched.claim('m', 0::smallint, 1, 'w', 4, false)", 200
-        )
-        out["idle_fold_ms"] = _median_ms(c, f"SELECT sched.fold('m', 0::smallint, {horizon})", 5)
-        plan = c.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + CLAIM).fetchall()
-        c.rollback()
-        print("\n".join("    " + r[0] for r in plan))
-        out["explain_ms"] = float(plan[-1][0].split()[2])
-    print(f"scale {queued}/{tenants}: " + ", ".join(f"{k} {v:.2f}" for k, v in out.items()))
-    drop(dsn)
-    return out
+    drop(dsn, "sched_v2_small")
+    drop(dsn, "sched_v2_large")
 
 
 def big_tenant(dsn: str) -> None:
@@ -186,7 +209,7 @@ def big_tenant(dsn: str) -> None:
             " SELECT 'm', 0, 'big', 1000 FROM generate_series(1, 1000000)"
         )
         c.commit()
-        c.execute("VACUUM ANALYZE sched.jobs")
+        vacuum(target)
         c.execute("SELECT id FROM sched.claim('m', 0::smallint, 10)").fetchall()
         c.commit()
         c.execute(
@@ -217,10 +240,7 @@ def main() -> None:
     if args.what == "agree":
         agree(args.dsn, args.cases, args.seed)
     else:
-        small = scale_one(args.dsn, 10_000, 10, 1000)
-        large = scale_one(args.dsn, 1_000_000, 10_000, 10)
-        for key in ("claim1_ms", "claim10_ms", "explain_ms"):
-            print(f"ratio {key}: {large[key] / small[key]:.2f}")
+        scale(args.dsn)
         big_tenant(args.dsn)
 
 

@@ -79,16 +79,25 @@ CREATE INDEX flows_cut_idx ON sched.flows (lane, tier, last_round, place, last_s
 -- Stamp the unstamped due jobs of one lane and tier: joiners first (places in refill-offset
 -- order between the last place before the cursor's and the cursor's), then every flow's jobs
 -- up to `horizon` rounds past the cursor (at least one for a flow with none stamped). One
--- statement; the caller holds the lane's advisory lock. Returns the number of jobs stamped.
+-- statement computes, two write (from arrays, so that the writes are key probes); the caller
+-- holds the lane's advisory lock. Returns the number of jobs stamped. Never JIT-compiled: the
+-- row estimates of the per-flow fetch are far too high.
 CREATE OR REPLACE FUNCTION sched.stamp(p_lane text, p_tier smallint, p_horizon integer)
-RETURNS bigint LANGUAGE plpgsql AS $$
+RETURNS bigint LANGUAGE plpgsql SET jit = off SET enable_seqscan = off AS $$
 DECLARE
     lt sched.lane_tiers;
-    stamped bigint;
-    top_seq bigint;
-    touched bigint;
     base bigint;
     cur sched.key;
+    ids bigint[];
+    rnds bigint[];
+    places numeric[];
+    seqs bigint[];
+    flow_tenants text[];
+    flow_places numeric[];
+    flow_rounds bigint[];
+    flow_seqs bigint[];
+    flow_credits bigint[];
+    flow_cuts boolean[];
 BEGIN
     INSERT INTO sched.lane_tiers (lane, tier) VALUES (p_lane, p_tier) ON CONFLICT DO NOTHING;
     SELECT * INTO lt FROM sched.lane_tiers WHERE lane = p_lane AND tier = p_tier;
@@ -143,7 +152,8 @@ BEGIN
                CASE WHEN fi.continuing THEN fi.credit ELSE 0 END AS d0,
                CASE WHEN fi.continuing THEN fi.last_seq ELSE 0 END AS s0
         FROM flows_in fi LEFT JOIN joiners jn USING (tenant_id) CROSS JOIN pred
-    ), fetched AS (   -- each flow's next due jobs; a cost is >= 1000 units, so this many
+    ), fetched AS (   -- each flow's next due jobs: a cost is >= 1000 units, so one more than
+                      -- can fall within the horizon (a row left over = the flow is cut)
         SELECT s.*, j.id, j.cost, count(*) OVER (PARTITION BY s.tenant_id) AS n_fetched,
                row_number() OVER w AS k, (sum(j.cost) OVER w)::bigint AS cum
         FROM starts s CROSS JOIN LATERAL (
@@ -151,7 +161,7 @@ BEGIN
             WHERE j.lane = p_lane AND j.tier = p_tier AND j.tenant_id = s.tenant_id
               AND j.state = 'queued' AND j.key_round IS NULL AND j.run_at <= now()
             ORDER BY j.run_at, j.id
-            LIMIT greatest(2, (p_horizon + 2 + base - s.r0) * s.q / 1000 + 2)) j
+            LIMIT greatest(2, (p_horizon + 1 + base - s.r0) * s.q / 1000 + 1)) j
         WINDOW w AS (PARTITION BY s.tenant_id ORDER BY j.run_at, j.id)
     ), kept AS (
         SELECT f.*, r.rnd, r.rnd <= base + p_horizon OR (f.k = 1 AND NOT f.holds_one)
@@ -160,37 +170,40 @@ BEGIN
     ), numbered AS (
         SELECT k.*, lt.seq + row_number() OVER (ORDER BY k.tenant_id, k.k) AS sq
         FROM kept k WHERE k.keep
-    ), stamp AS (
-        UPDATE sched.jobs j SET key_round = n.rnd, key_place = n.place, key_seq = n.sq
-        FROM numbered n WHERE j.id = n.id
-        RETURNING j.id
     ), last AS (     -- where each flow's last stamped job leaves it (or where it was)
         SELECT DISTINCT ON (s.tenant_id) s.tenant_id, s.place,
                coalesce(n.rnd, s.r0) AS last_round, coalesce(n.sq, s.s0) AS last_seq,
-               coalesce(n.d0 + (n.rnd - n.r0) * n.q - n.cum, s.d0) AS credit
-        FROM starts s LEFT JOIN numbered n USING (tenant_id)
+               coalesce(n.d0 + (n.rnd - n.r0) * n.q - n.cum, s.d0) AS credit, c.cut
+        FROM starts s
+        JOIN (SELECT k.tenant_id, bool_or(NOT k.keep) AS cut FROM kept k GROUP BY k.tenant_id) c
+            USING (tenant_id)
+        LEFT JOIN numbered n USING (tenant_id)
         ORDER BY s.tenant_id, n.k DESC NULLS LAST
-    ), flow AS (
-        INSERT INTO sched.flows AS f
-            (lane, tier, tenant_id, place, last_round, last_seq, credit, cut)
-        SELECT p_lane, p_tier, l.tenant_id, l.place, l.last_round, l.last_seq, l.credit, c.cut
-        FROM last l JOIN (SELECT k.tenant_id, bool_or(NOT k.keep) AS cut FROM kept k
-                          GROUP BY k.tenant_id) c USING (tenant_id)
-        ON CONFLICT (lane, tier, tenant_id) DO UPDATE
-        SET place = excluded.place, last_round = excluded.last_round,
-            last_seq = excluded.last_seq, credit = excluded.credit, cut = excluded.cut
-        RETURNING 1
     )
-    SELECT (SELECT count(*) FROM stamp), (SELECT max(sq) FROM numbered),
-           (SELECT count(*) FROM flow)
-    INTO stamped, top_seq, touched;
+    SELECT n.ids, n.rnds, n.places, n.seqs, l.tenants, l.places, l.rounds, l.seqs, l.credits,
+           l.cuts
+    INTO ids, rnds, places, seqs, flow_tenants, flow_places, flow_rounds, flow_seqs,
+         flow_credits, flow_cuts
+    FROM (SELECT array_agg(id) AS ids, array_agg(rnd) AS rnds, array_agg(place) AS places,
+                 array_agg(sq) AS seqs FROM numbered) n,
+         (SELECT array_agg(tenant_id) AS tenants, array_agg(place) AS places,
+                 array_agg(last_round) AS rounds, array_agg(last_seq) AS seqs,
+                 array_agg(credit) AS credits, array_agg(cut) AS cuts FROM last) l;
+    UPDATE sched.jobs j SET key_round = u.r, key_place = u.p, key_seq = u.s
+    FROM unnest(ids, rnds, places, seqs) AS u(id, r, p, s) WHERE j.id = u.id;
+    INSERT INTO sched.flows AS f (lane, tier, tenant_id, place, last_round, last_seq, credit, cut)
+    SELECT p_lane, p_tier, u.*
+    FROM unnest(flow_tenants, flow_places, flow_rounds, flow_seqs, flow_credits, flow_cuts) u
+    ON CONFLICT (lane, tier, tenant_id) DO UPDATE
+    SET place = excluded.place, last_round = excluded.last_round, last_seq = excluded.last_seq,
+        credit = excluded.credit, cut = excluded.cut;
     UPDATE sched.lane_tiers l
-    SET seq = greatest(l.seq, coalesce(top_seq, 0)),
+    SET seq = l.seq + coalesce(cardinality(ids), 0),
         frontier = (SELECT ROW(f.last_round, f.place, f.last_seq)::sched.key FROM sched.flows f
                     WHERE f.lane = p_lane AND f.tier = p_tier AND f.cut
                     ORDER BY f.last_round, f.place, f.last_seq LIMIT 1)
     WHERE l.lane = p_lane AND l.tier = p_tier;
-    RETURN stamped;
+    RETURN coalesce(cardinality(ids), 0);
 END
 $$;
 
