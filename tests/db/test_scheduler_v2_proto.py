@@ -159,3 +159,26 @@ def test_one_million_jobs_of_one_tenant_are_stamped_a_horizon_at_a_time(proto):
     assert [t for t, _, _ in got].index("small") <= 5
     stamped = proto.execute("SELECT count(*) FROM sched.jobs WHERE key_round IS NOT NULL")
     assert stamped.fetchone() == (2 * 5 + 1,)
+
+
+def test_a_stamper_that_died_mid_fold_holds_nothing_back(proto, empty_db_dsn):
+    """Liveness: a stamper killed inside its fold (lock held, nothing committed) leaves the
+    lane as it was; the next claim wins the lock, stamps and takes the job."""
+    _reset(proto, {"a": 5000})
+    _enqueue(proto, [("a", 1000)])
+    stamper = psycopg.connect(empty_db_dsn)
+    stamper.execute("SELECT pg_advisory_xact_lock(hashtextextended('m', 0))")
+    stamper.execute("SELECT sched.stamp('m', 0::smallint, 4)")  # mid-fold: not committed
+    assert _claim(proto, 5, 4) == []  # the lock is taken: nothing stamped to claim, no wait
+    pid = stamper.info.backend_pid
+    proto.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    proto.commit()
+    stamper.close()
+    assert [t for t, _, _ in _claim(proto, 5, 4)] == ["a"]
+
+
+def test_a_claimer_started_on_an_empty_queue_takes_the_first_job(proto):
+    _reset(proto, {"a": 5000})
+    assert _claim(proto, 5, 4) == []
+    (job_id,) = _enqueue(proto, [("a", 1000)])
+    assert [j for _, j, _ in _claim(proto, 5, 4)] == [job_id]
