@@ -39,6 +39,9 @@ CREATE INDEX jobs_claim_idx ON sched.jobs (lane, tier, key_round, key_place, key
 -- The stamper: unstamped jobs per tenant in FIFO order (a skip scan finds the tenants).
 CREATE INDEX jobs_unstamped_idx ON sched.jobs (lane, tier, tenant_id, run_at, id)
     WHERE state = 'queued' AND key_round IS NULL;
+-- ... and by the moment they became due: what a fold has not seen yet.
+CREATE INDEX jobs_unstamped_due_idx ON sched.jobs (lane, tier, run_at, tenant_id)
+    WHERE state = 'queued' AND key_round IS NULL;
 
 -- One row per lane and tier, written only by the holder of its advisory lock (the stamper).
 CREATE TABLE sched.lane_tiers (
@@ -46,6 +49,8 @@ CREATE TABLE sched.lane_tiers (
     tier     smallint NOT NULL,
     seq      bigint NOT NULL DEFAULT 0,          -- last key_seq handed out
     frontier sched.key,                          -- claims stay <= it (NULL: no limit)
+    folded_at timestamptz NOT NULL DEFAULT '-infinity',  -- jobs due since: new to a fold
+    full_at timestamptz NOT NULL DEFAULT '-infinity',    -- the last fold that looked at all
     PRIMARY KEY (lane, tier)
 );
 
@@ -70,11 +75,13 @@ CREATE TABLE sched.flows (
     last_seq   bigint NOT NULL,
     credit     bigint NOT NULL,
     cut        boolean NOT NULL,
+    next_round bigint,                            -- if cut: the round of its next job
     PRIMARY KEY (lane, tier, tenant_id)
 );
 CREATE INDEX flows_place_idx ON sched.flows (lane, tier, place);
 CREATE INDEX flows_cut_idx ON sched.flows (lane, tier, last_round, place, last_seq)
     WHERE cut;
+CREATE INDEX flows_next_idx ON sched.flows (lane, tier, next_round) WHERE cut;
 
 -- Stamp the unstamped due jobs of one lane and tier: joiners first (places in refill-offset
 -- order between the last place before the cursor's and the cursor's), then every flow's jobs
@@ -82,7 +89,8 @@ CREATE INDEX flows_cut_idx ON sched.flows (lane, tier, last_round, place, last_s
 -- statement computes, two write (from arrays, so that the writes are key probes); the caller
 -- holds the lane's advisory lock. Returns the number of jobs stamped. Never JIT-compiled: the
 -- row estimates of the per-flow fetch are far too high.
-CREATE OR REPLACE FUNCTION sched.stamp(p_lane text, p_tier smallint, p_horizon integer)
+CREATE OR REPLACE FUNCTION sched.stamp(p_lane text, p_tier smallint, p_horizon integer,
+                                       p_full_seconds double precision DEFAULT 1)
 RETURNS bigint LANGUAGE plpgsql SET jit = off SET enable_seqscan = off AS $$
 DECLARE
     lt sched.lane_tiers;
@@ -98,6 +106,8 @@ DECLARE
     flow_seqs bigint[];
     flow_credits bigint[];
     flow_cuts boolean[];
+    flow_nexts bigint[];
+    look_at_all boolean;
 BEGIN
     INSERT INTO sched.lane_tiers (lane, tier) VALUES (p_lane, p_tier) ON CONFLICT DO NOTHING;
     SELECT * INTO lt FROM sched.lane_tiers WHERE lane = p_lane AND tier = p_tier;
@@ -109,16 +119,45 @@ BEGIN
         WHERE j.lane = p_lane AND j.tier = p_tier AND j.state = 'queued'
           AND j.key_round IS NOT NULL
         ORDER BY j.key_round, j.key_place, j.key_seq LIMIT 1));
-    WITH RECURSIVE pending(tenant_id) AS (      -- tenants with unstamped jobs: a skip scan
+    look_at_all := lt.full_at < now() - make_interval(secs => p_full_seconds);
+    -- The tenants to visit: those with jobs due since the last fold (a skip scan over the
+    -- distinct (run_at, tenant) pairs), the flows the horizon cut that can go further, and,
+    -- at most every p_full_seconds, every tenant with unstamped jobs (a job whose transaction
+    -- began before the last fold and committed after it).
+    WITH RECURSIVE arrived(run_at, tenant_id) AS (
+        (SELECT j.run_at, j.tenant_id FROM sched.jobs j
+         WHERE j.lane = p_lane AND j.tier = p_tier AND j.state = 'queued'
+           AND j.key_round IS NULL AND j.run_at >= lt.folded_at AND j.run_at <= now()
+         ORDER BY j.run_at, j.tenant_id LIMIT 1)
+        UNION ALL
+        SELECT n.run_at, n.tenant_id FROM arrived a, LATERAL (
+            SELECT j.run_at, j.tenant_id FROM sched.jobs j
+            WHERE j.lane = p_lane AND j.tier = p_tier AND j.state = 'queued'
+              AND j.key_round IS NULL AND (j.run_at, j.tenant_id) > (a.run_at, a.tenant_id)
+              AND j.run_at <= now()
+            ORDER BY j.run_at, j.tenant_id LIMIT 1) n
+    ), everyone(tenant_id) AS (
         (SELECT j.tenant_id FROM sched.jobs j
-         WHERE j.lane = p_lane AND j.tier = p_tier AND j.state = 'queued' AND j.key_round IS NULL
+         WHERE look_at_all AND j.lane = p_lane AND j.tier = p_tier AND j.state = 'queued'
+           AND j.key_round IS NULL
          ORDER BY j.tenant_id LIMIT 1)
         UNION ALL
         SELECT (SELECT j.tenant_id FROM sched.jobs j
                 WHERE j.lane = p_lane AND j.tier = p_tier AND j.state = 'queued'
                   AND j.key_round IS NULL AND j.tenant_id > p.tenant_id
                 ORDER BY j.tenant_id LIMIT 1)
-        FROM pending p WHERE p.tenant_id IS NOT NULL
+        FROM everyone p WHERE p.tenant_id IS NOT NULL
+    ), pending(tenant_id) AS (
+        SELECT a.tenant_id FROM arrived a
+        UNION
+        SELECT f.tenant_id FROM sched.flows f
+        WHERE f.lane = p_lane AND f.tier = p_tier AND f.cut AND f.next_round <= base + p_horizon
+        UNION       -- ... and those whose stamped jobs were all claimed (at least one more)
+        SELECT f.tenant_id FROM sched.flows f
+        WHERE f.lane = p_lane AND f.tier = p_tier AND f.cut
+          AND (f.last_round, f.place, f.last_seq) <= (cur.r, cur.place, cur.seq)
+        UNION
+        SELECT e.tenant_id FROM everyone e
     ), flows_in AS (
         SELECT p.tenant_id, f.place, f.last_round, f.last_seq, f.credit,
                coalesce(t.quantum, 5000) AS q,
@@ -173,32 +212,39 @@ BEGIN
     ), last AS (     -- where each flow's last stamped job leaves it (or where it was)
         SELECT DISTINCT ON (s.tenant_id) s.tenant_id, s.place,
                coalesce(n.rnd, s.r0) AS last_round, coalesce(n.sq, s.s0) AS last_seq,
-               coalesce(n.d0 + (n.rnd - n.r0) * n.q - n.cum, s.d0) AS credit, c.cut
+               coalesce(n.d0 + (n.rnd - n.r0) * n.q - n.cum, s.d0) AS credit, c.cut,
+               c.next_round
         FROM starts s
-        JOIN (SELECT k.tenant_id, bool_or(NOT k.keep) AS cut FROM kept k GROUP BY k.tenant_id) c
-            USING (tenant_id)
+        JOIN (SELECT k.tenant_id, bool_or(NOT k.keep) AS cut,
+                     min(k.rnd) FILTER (WHERE NOT k.keep) AS next_round
+              FROM kept k GROUP BY k.tenant_id) c USING (tenant_id)
         LEFT JOIN numbered n USING (tenant_id)
         ORDER BY s.tenant_id, n.k DESC NULLS LAST
     )
     SELECT n.ids, n.rnds, n.places, n.seqs, l.tenants, l.places, l.rounds, l.seqs, l.credits,
-           l.cuts
+           l.cuts, l.nexts
     INTO ids, rnds, places, seqs, flow_tenants, flow_places, flow_rounds, flow_seqs,
-         flow_credits, flow_cuts
+         flow_credits, flow_cuts, flow_nexts
     FROM (SELECT array_agg(id) AS ids, array_agg(rnd) AS rnds, array_agg(place) AS places,
                  array_agg(sq) AS seqs FROM numbered) n,
          (SELECT array_agg(tenant_id) AS tenants, array_agg(place) AS places,
                  array_agg(last_round) AS rounds, array_agg(last_seq) AS seqs,
-                 array_agg(credit) AS credits, array_agg(cut) AS cuts FROM last) l;
+                 array_agg(credit) AS credits, array_agg(cut) AS cuts,
+                 array_agg(next_round) AS nexts FROM last) l;
     UPDATE sched.jobs j SET key_round = u.r, key_place = u.p, key_seq = u.s
     FROM unnest(ids, rnds, places, seqs) AS u(id, r, p, s) WHERE j.id = u.id;
-    INSERT INTO sched.flows AS f (lane, tier, tenant_id, place, last_round, last_seq, credit, cut)
+    INSERT INTO sched.flows AS f
+        (lane, tier, tenant_id, place, last_round, last_seq, credit, cut, next_round)
     SELECT p_lane, p_tier, u.*
-    FROM unnest(flow_tenants, flow_places, flow_rounds, flow_seqs, flow_credits, flow_cuts) u
+    FROM unnest(flow_tenants, flow_places, flow_rounds, flow_seqs, flow_credits, flow_cuts,
+                flow_nexts) u
     ON CONFLICT (lane, tier, tenant_id) DO UPDATE
     SET place = excluded.place, last_round = excluded.last_round, last_seq = excluded.last_seq,
-        credit = excluded.credit, cut = excluded.cut;
+        credit = excluded.credit, cut = excluded.cut, next_round = excluded.next_round;
     UPDATE sched.lane_tiers l
     SET seq = l.seq + coalesce(cardinality(ids), 0),
+        folded_at = now(),
+        full_at = CASE WHEN look_at_all THEN now() ELSE l.full_at END,
         frontier = (SELECT ROW(f.last_round, f.place, f.last_seq)::sched.key FROM sched.flows f
                     WHERE f.lane = p_lane AND f.tier = p_tier AND f.cut
                     ORDER BY f.last_round, f.place, f.last_seq LIMIT 1)
