@@ -1,4 +1,5 @@
-"""Operator actions on stored jobs (``pgqueue retry``), each one named statement."""
+"""Operator actions on stored jobs and tenants (``pgqueue retry``, ``pgqueue tenants set``,
+the dashboard's actions), each one named statement."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import psycopg
 
 from pgqueue.db import queries
-from pgqueue.errors import InvalidArgument
+from pgqueue.errors import InvalidArgument, from_sqlstate
 from pgqueue.models import Tier
 from pgqueue.validation import check_tenant_id, check_tier
 
@@ -47,16 +48,66 @@ def requeue_failed(
         {
             "tenant_id": tenant_id,
             "tier": tier_value,
-            # a substring, literally: % and _ are not wildcards (found by a tester: `--reason
-            # '%'` re-queued every failed job); backslash is LIKE's escape character
-            "reason": None
-            if reason is None
-            else reason.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_"),
+            # a substring, literally: pgqueue.retry_failed matches with strpos, not LIKE (found
+            # by a tester: `--reason '%'` re-queued every failed job)
+            "reason": reason,
             "since": since,
             "until": until,
         },
     )
     return [int(r["id"]) for r in rows]
+
+
+def retry_job(conn: psycopg.Connection[Any], job_id: int) -> str:
+    """Put one failed or cancelled job back in the queue with fresh attempt and throttle
+    counters (``pgqueue.retry``), in the caller's transaction. Returns its state after:
+    ``queued``, or its state unchanged when it was not failed or cancelled.
+
+    Raises:
+        InvalidArgument: ``job_id`` out of 1 to 2^63-1.
+        UnknownJob: no such job (the caller's transaction is aborted).
+        SchemaOutOfDate: the database predates revision 0034 (run ``pgqueue migrate``).
+    """
+    if isinstance(job_id, bool) or not 1 <= job_id <= 2**63 - 1:
+        raise InvalidArgument(f"job_id must be an integer from 1 to 2^63-1, got {job_id!r}")
+    try:
+        row = queries.run(conn, "job_retry_one", {"job_id": job_id, "tenant_id": None})
+    except psycopg.Error as exc:
+        mapped = from_sqlstate(exc.sqlstate, exc.diag.message_primary or str(exc))
+        if mapped is not None:
+            raise mapped from exc
+        raise
+    return str(row["state"])
+
+
+def set_tenant(
+    conn: psycopg.Connection[Any],
+    tenant_id: str,
+    *,
+    plan: str | None = None,
+    quantum: float | None = None,
+    daily_token_budget: int | None = None,
+) -> dict[str, Any]:
+    """Create a tenant or change its plan, DRR quantum (cost units) or daily input-token
+    budget (``pgqueue.tenant_set``); None keeps a value (a new tenant: plan ``free``, the
+    default quantum and budget). Returns the tenant's row: tenant_id, plan, quantum,
+    daily_token_budget. In the caller's transaction.
+
+    Raises:
+        InvalidTenant, NulCharacter: a bad tenant id. InvalidArgument: an unknown plan.
+        psycopg.errors.CheckViolation: a quantum or budget the table refuses.
+    """
+    from pgqueue.validation import check_plan
+
+    check_tenant_id(tenant_id)
+    params = {
+        "tenant_id": tenant_id,
+        "plan": None if plan is None else check_plan(plan),
+        "quantum": quantum,
+        "daily_token_budget": daily_token_budget,
+    }
+    row: dict[str, Any] = queries.run(conn, "tenant_upsert", params)
+    return row
 
 
 #: Advisory-lock key that makes one process at a time the pruner ("pgqueue" + "prune").

@@ -1,4 +1,6 @@
-"""``pgqueue demo``: embedded Postgres + sandbox API + a slice of a real trace + workers.
+"""``pgqueue replay --against-sandbox``: a slice of a real trace through one queue, a worker and
+the sandbox API, measured at the provider's limits. (``pgqueue demo``, the FIFO-vs-pgqueue
+comparison, is :mod:`pgqueue.demo_compare`.)
 
 Replays the first requests of the Azure LLM inference trace 2023 (CC-BY 4.0, Patel et al.,
 "Splitwise", ISCA 2024) across eight tenants, one of them a runaway, against the local sandbox
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -18,9 +21,11 @@ from typing import Any
 
 import psycopg
 from pydantic import SecretStr
+from rich.console import Console
 
 from pgqueue.db import migrate, queries
 from pgqueue.observability.report import collect_run_report
+from pgqueue.progress import Phases
 from pgqueue.replay import ReplayStats, replay_plan
 from pgqueue.sandbox import SandboxConfig, running_sandbox
 from pgqueue.settings import Settings
@@ -36,7 +41,8 @@ class DemoOptions:
     bundled one), replayed ``speedup`` × faster, with ``concurrency`` jobs in flight and the
     provider's limits (sandbox and shared limiter alike) at ``rate_scale`` × the defaults
     50 RPM / 40k ITPM / 8k OTPM; each output token takes ``seconds_per_output_token``. The
-    demo works in the database ``database`` (dropped and recreated) on the given server."""
+    run works in a database of its own on the given server, ``database`` or by default
+    ``pgqueue_replay_<random>``, dropped at the end (two runs on one server never meet)."""
 
     requests: int = 400
     speedup: float = 10.0
@@ -47,10 +53,12 @@ class DemoOptions:
     seed: int = 0
     trace: Path | None = None
     model: str = "claude-haiku-4-5"
-    database: str = "pgqueue_demo"
+    database: str | None = None
 
 
-async def _run(dsn: str, settings: Settings, options: DemoOptions, since: datetime) -> ReplayStats:
+async def _run(
+    dsn: str, settings: Settings, options: DemoOptions, since: datetime, phases: Phases
+) -> ReplayStats:
     plan = plan_replay(
         load_trace(options.trace, limit=options.requests),
         tenants=options.tenants,
@@ -61,10 +69,15 @@ async def _run(dsn: str, settings: Settings, options: DemoOptions, since: dateti
     worker = Worker(dsn, settings, concurrency=options.concurrency, seed=options.seed)
     work = asyncio.create_task(worker.run(install_signal_handlers=False))
     try:
-        stats = await replay_plan(dsn, plan, settings)
+        phases.phase(f"replaying {len(plan)} requests at {options.speedup:g}×", total=len(plan))
+        stats = await replay_plan(
+            dsn, plan, settings, on_batch=lambda n: phases.update(n, f"{n} enqueued")
+        )
+        phases.phase("waiting for the worker to finish them", total=len(plan))
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             while True:
                 row = await queries.arun(conn, "report_unfinished_since", {"since": since})
+                phases.update(len(plan) - int(row["unfinished"]))
                 if row["unfinished"] == 0 or work.done():
                     break
                 await asyncio.sleep(0.25)
@@ -170,18 +183,40 @@ def _sandbox_stats(base_url: str) -> dict[str, Any]:
 
 
 def run_demo(
-    server_dsn: str, settings: Settings, options: DemoOptions | None = None
+    server_dsn: str,
+    settings: Settings,
+    options: DemoOptions | None = None,
+    phases: Phases | None = None,
 ) -> dict[str, Any]:
     """Create the demo database, migrate, start the sandbox, replay, work; return the report:
     per tier latency, per tenant work, and backpressure (requests, 429 share, re-occurrence,
-    quota use).
+    quota use). ``phases`` shows the progress (none by default).
 
     Raises:
         psycopg.Error: the database failed; EmbeddedPostgresError is raised earlier by the
             caller resolving the DSN.
     """
     opts = options or DemoOptions()
-    dsn = demo_database(server_dsn, opts.database)
+    database = opts.database or f"pgqueue_replay_{uuid.uuid4().hex[:10]}"
+    shown = phases or Phases(Console(quiet=True))
+    shown.phase(f"creating the database {database} and migrating it")
+    dsn = demo_database(server_dsn, database)
+    try:
+        return _run_in(dsn, settings, opts, shown)
+    finally:
+        _drop(server_dsn, database)
+
+
+def _drop(server_dsn: str, database: str) -> None:
+    from psycopg import sql
+
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
+        )
+
+
+def _run_in(dsn: str, settings: Settings, opts: DemoOptions, phases: Phases) -> dict[str, Any]:
     migrate.upgrade(dsn)
     limits = scaled_limits(opts.rate_scale)
     sandbox = SandboxConfig(
@@ -206,7 +241,8 @@ def run_demo(
                 "poll_interval_seconds": min(settings.poll_interval_seconds, 0.5),
             }
         )
-        replay_stats = asyncio.run(_run(dsn, demo_settings, opts, since))
+        replay_stats = asyncio.run(_run(dsn, demo_settings, opts, since, phases))
+        phases.phase("collecting the report")
         stats = _sandbox_stats(base_url)
         with psycopg.connect(dsn, autocommit=True) as conn:
             report = collect_run_report(conn, since)

@@ -165,7 +165,8 @@ class RateLimited(HandlerControl):
     """The provider throttled the request (429/529); reschedule after ``retry_after_seconds``.
 
     Does not consume a failure attempt. ``retry_after_seconds`` is the provider's own hint
-    (``retry-after`` header, RFC 9110 §10.2.3), before pgqueue's ×1.2 ± 20 % margin.
+    (``retry-after`` header, RFC 9110 §10.2.3), before pgqueue's margin (×1.2 ± 20 %, never
+    below the hint).
     """
 
     def __init__(

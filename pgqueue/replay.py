@@ -24,12 +24,20 @@ from pgqueue.trace import PlannedJob
 @dataclass(frozen=True, slots=True)
 class ReplayStats:
     """What a replay enqueued: ``jobs`` in ``batches`` round trips, over ``elapsed_seconds``,
-    with ``max_lag_seconds`` the worst delay behind the planned arrival time."""
+    with ``max_lag_seconds`` the worst delay behind the planned arrival time; ``ids`` are the
+    jobs' ids in plan order (sorted by ``at_seconds``, ties in plan order; None for a job
+    admission control dropped)."""
 
     jobs: int
     batches: int
     elapsed_seconds: float
     max_lag_seconds: float
+    ids: tuple[int | None, ...] = ()
+
+
+def as_planned(job: PlannedJob) -> JobSpec:
+    """The job a planned request becomes: its own tenant, origin, payload and SLA."""
+    return JobSpec(job.tenant_id, job.origin, job.payload, job.sla_seconds)
 
 
 async def replay_plan(
@@ -38,8 +46,14 @@ async def replay_plan(
     settings: Settings,
     *,
     clock: Callable[[], float] = time.monotonic,
+    spec: Callable[[PlannedJob], JobSpec] = as_planned,
+    on_batch: Callable[[int], None] | None = None,
 ) -> ReplayStats:
     """Enqueue ``plan`` against ``dsn`` in real time (``PlannedJob.at_seconds`` from now).
+
+    ``spec`` turns each planned request into the job to enqueue (the demo's FIFO arm puts
+    every request in one tenant and one tier); ``on_batch`` is told the jobs enqueued so far
+    after each round trip.
 
     Raises the typed errors of :func:`pgqueue.enqueue_many` for invalid planned jobs, and
     ``psycopg.Error`` for database failures.
@@ -49,6 +63,7 @@ async def replay_plan(
     batches = 0
     max_lag = 0.0
     index = 0
+    ids: list[int | None] = []
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         while index < len(ordered):
             now = clock() - start
@@ -60,8 +75,10 @@ async def replay_plan(
             while index < len(ordered) and ordered[index].at_seconds <= now:
                 job = ordered[index]
                 max_lag = max(max_lag, now - job.at_seconds)
-                due.append(JobSpec(job.tenant_id, job.origin, job.payload, job.sla_seconds))
+                due.append(spec(job))
                 index += 1
-            await enqueue_many(conn, due, settings=settings)
+            ids.extend(await enqueue_many(conn, due, settings=settings))
             batches += 1
-    return ReplayStats(len(ordered), batches, clock() - start, max_lag)
+            if on_batch is not None:
+                on_batch(index)
+    return ReplayStats(len(ordered), batches, clock() - start, max_lag, tuple(ids))

@@ -102,7 +102,17 @@ class Settings(BaseSettings):
     retry_after_multiplier: float = Field(default=1.2, gt=0)
     retry_after_jitter: float = Field(default=0.2, ge=0, lt=1)
     default_retry_after_seconds: float = Field(default=1.0, gt=0)
-    max_throttle_retries: int = Field(default=4, ge=0)
+    max_throttle_wait_hours: float | None = Field(
+        default=24.0,
+        gt=0,
+        le=87_600,
+        description=(
+            "How long a job throttled by the provider (429/529) keeps being rescheduled, in "
+            "hours from its enqueue: a throttle whose wait would end past it fails the job. "
+            "Counted in time, not in 429s, so that a provider outage does not dead-letter good "
+            "jobs (found by a fault run: 5 429s in 90 s failed every job). None: never."
+        ),
+    )
     backoff_base_seconds: float = Field(
         default=5.0, gt=0, description="First retry delay ceiling; doubles per attempt."
     )
@@ -117,11 +127,20 @@ class Settings(BaseSettings):
     )
     anthropic_api_key: SecretStr | None = Field(default=None, exclude=True, repr=False)
 
+    # --- dashboard
+    dashboard_token: SecretStr | None = Field(
+        default=None,
+        exclude=True,
+        repr=False,
+        description="The dashboard's admin token (at least 16 characters); unset: read-only.",
+    )
+
     @field_validator(
         "retention_seconds",
         "counters_compact_interval_seconds",
         "hot_tables_vacuum_interval_seconds",
         "prepare_threshold",
+        "max_throttle_wait_hours",
         mode="before",
     )
     @classmethod

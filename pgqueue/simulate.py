@@ -58,7 +58,7 @@ class SimulateOptions:
     """The experiment. ``duration_seconds`` is the total measured time, split evenly over the
     scenarios (setup and teardown come on top, about a second per scenario)."""
 
-    duration_seconds: float = 20.0
+    duration_seconds: float = 60.0
     strategies: tuple[str, ...] = STRATEGIES
     policies: tuple[str, ...] = POLICIES
     urgent_share: float = 0.1

@@ -31,6 +31,18 @@ MAX_TENANT_ID_CHARS = 128
 MAX_KIND_CHARS = 128
 MAX_ATTEMPTS_LIMIT = 1000
 MAX_DEDUPE_KEY_CHARS = 256
+#: The longest SLA accepted, seconds (ten years of 365.25 days). Any SLA of a day or more already
+#: means the batch tier; beyond this it is a mistake (2**64 and 2**64 + 1 were both accepted,
+#: and stored as the same double), and ``None`` is the way to say "no SLA".
+MAX_SLA_SECONDS = 315_576_000
+#: Payloads nested this many levels deep (a value at this level below the top object) are
+#: refused: the worker decodes payloads with ``json.loads``, bounded by Python's recursion
+#: limit (found by a fault run: a deeper payload enqueued through SQL crashed every worker
+#: that claimed it). The SQL function ``pgqueue.payload_problem`` refuses the same.
+MAX_PAYLOAD_LEVELS = 512
+#: Control characters (C0, DEL, C1): refused in a dedupe key, an identifier a person reads and
+#: compares; they print as nothing or move the cursor.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 #: The ``run_at`` range the CHECK constraint ``jobs_run_at_range`` holds (UTC; a day's margin
 #: inside years 0001-9999, for time zones): ``RUN_AT_MIN <= run_at < RUN_AT_MAX``.
 RUN_AT_MIN = datetime(1, 1, 2, tzinfo=UTC)
@@ -161,6 +173,36 @@ def is_utf8_encodable(text: str) -> bool:
     return True
 
 
+def storable_text(text: str, limit: int) -> str:
+    """``text`` made storable in a ``text`` column, at most ``limit`` characters: U+0000 becomes
+    the four characters ``\\x00`` and a lone surrogate its ``\\udXXX`` escape (Postgres refuses
+    both). Used for error text from handlers and providers, which may hold anything (found by a
+    fault run: ``RuntimeError("boom \\x00")`` failed the outcome write, and the job stayed
+    ``running`` until its lease expired)."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    if not is_utf8_encodable(text):
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text[:limit]
+
+
+def check_dedupe_key(dedupe_key: object) -> str:
+    """``dedupe_key`` if it is a string of 1 to :data:`MAX_DEDUPE_KEY_CHARS` characters, valid
+    Unicode, without control characters (U+0000-U+001F, U+007F-U+009F).
+
+    Raises:
+        InvalidArgument: anything else (a NUL: :class:`NulCharacter`).
+    """
+    key = _check_text(dedupe_key, "dedupe_key", MAX_DEDUPE_KEY_CHARS, InvalidArgument)
+    found = _CONTROL.search(key)
+    if found:
+        raise InvalidArgument(
+            f"dedupe_key holds a control character (U+{ord(found.group()):04X}) at index "
+            f"{found.start()}, got {_shown(key)}"
+        )
+    return key
+
+
 def check_origin(origin: object) -> Origin:
     """Parse ``origin``; raises :class:`UnknownOrigin` for anything but the three origins."""
     if isinstance(origin, Origin):
@@ -175,7 +217,8 @@ def check_origin(origin: object) -> Origin:
 
 
 def check_sla(sla_seconds: object) -> float | None:
-    """``None`` or a finite number of seconds ≥ 0; raises :class:`InvalidSla` otherwise."""
+    """``None`` or a number of seconds from 0 to :data:`MAX_SLA_SECONDS` (``-0.0`` is taken as
+    0.0); raises :class:`InvalidSla` otherwise."""
     if sla_seconds is None:
         return None
     if isinstance(sla_seconds, bool) or not isinstance(sla_seconds, int | float):
@@ -190,7 +233,12 @@ def check_sla(sla_seconds: object) -> float | None:
         ) from None
     if not math.isfinite(value) or value < 0:
         raise InvalidSla(f"sla_seconds must be finite and >= 0, got {_shown(sla_seconds)}")
-    return value
+    if value > MAX_SLA_SECONDS:
+        raise InvalidSla(
+            f"sla_seconds must be at most {MAX_SLA_SECONDS:,} (ten years; None for no SLA), "
+            f"got {_shown(sla_seconds, 40)}"
+        )
+    return value + 0.0  # -0.0 is 0: stored as 0, never as "-0"
 
 
 def encode_payload(payload: object) -> str:
@@ -215,7 +263,27 @@ def _encode(payload: object) -> tuple[str, int]:
         raise InvalidPayload("payload is nested too deeply to encode as JSON") from None
     if has_nul_escape(text):
         raise NulCharacter("payload contains a NUL character (U+0000), which Postgres cannot store")
+    # only a text with that many opening brackets can be that deep: counted at C speed
+    if text.count("[") + text.count("{") >= MAX_PAYLOAD_LEVELS and _nested_at_least(
+        payload, MAX_PAYLOAD_LEVELS
+    ):
+        raise InvalidPayload(f"payload is nested {MAX_PAYLOAD_LEVELS} levels deep or more")
     return text, jsonb_size(payload, text, size)
+
+
+def _nested_at_least(payload: object, levels: int) -> bool:
+    """Whether some value of ``payload`` sits ``levels`` levels below it (its members and
+    elements are one level down), as jsonpath's ``strict $.**{levels}`` finds in SQL."""
+    stack: list[tuple[object, int]] = [(payload, 0)]
+    while stack:
+        value, level = stack.pop()
+        if level >= levels:
+            return True
+        if isinstance(value, Mapping):
+            stack.extend((v, level + 1) for v in value.values())
+        elif isinstance(value, list | tuple):
+            stack.extend((v, level + 1) for v in value)
+    return False
 
 
 def jsonb_size(payload: object, text: str, size: int) -> int:
@@ -416,5 +484,5 @@ def check_job(
     when = None if run_at is None else _check_run_at(run_at)
     key = None
     if dedupe_key is not None:
-        key = _check_text(dedupe_key, "dedupe_key", MAX_DEDUPE_KEY_CHARS, InvalidArgument)
+        key = check_dedupe_key(dedupe_key)
     return CheckedJob(tid, parsed_origin, payload, text, sla, kind_text, max_attempts, when, key)

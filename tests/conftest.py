@@ -54,9 +54,11 @@ def server_dsn() -> str:
     dsn = os.environ.get("PGQUEUE_TEST_DSN")
     if dsn:
         return dsn
-    from pgqueue.db.embedded import default_data_dir, embedded_dsn
+    from pgqueue.db.embedded import embedded_dsn, suite_data_dir
+    from pgqueue.settings import load_settings
 
-    return embedded_dsn(default_data_dir().parent / (default_data_dir().name + "-test"))
+    # `pgqueue embedded status | stop` show and stop this server too.
+    return embedded_dsn(suite_data_dir(load_settings().embedded_data_dir))
 
 
 @pytest.fixture(scope="session")

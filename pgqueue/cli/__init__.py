@@ -1,7 +1,8 @@
 """The ``pgqueue`` command line: thin typer commands that parse, call one function, format.
 
 The commands live in :mod:`pgqueue.cli.admin` (schema, roles, status, tenants, limits,
-admission), :mod:`pgqueue.cli.jobs` (enqueue, retry, cancel, prune), :mod:`pgqueue.cli.run`
+admission), :mod:`pgqueue.cli.jobs` (enqueue, retry, cancel, prune), :mod:`pgqueue.cli.browse`
+(jobs list, jobs show, dashboard), :mod:`pgqueue.cli.run`
 (work, metrics, sandbox, replay, demo) and :mod:`pgqueue.cli.experiments` (bench,
 simulate); this module holds the app, the shared options and the error handling.
 
@@ -47,6 +48,10 @@ limits_app = typer.Typer(help="The provider's rate limits per model, shared by a
 app.add_typer(limits_app, name="limits")
 admission_app = typer.Typer(help="Admission control: caps of queued jobs and tier policies.")
 app.add_typer(admission_app, name="admission")
+embedded_app = typer.Typer(
+    help="The embedded Postgres (used when no DSN is set) and the test suite's: status, stop."
+)
+app.add_typer(embedded_app, name="embedded")
 # emoji=False: a stored name such as ':smile:' is shown as it is, not as an emoji (found by a
 # tester; markup is turned off where names are printed, emoji codes are a separate switch).
 console = Console(soft_wrap=True, emoji=False)
@@ -206,6 +211,18 @@ def _connection_failure(exc: psycopg.OperationalError) -> tuple[str, str]:
     return "cannot reach Postgres", text.splitlines()[0] if text else repr(exc)
 
 
+def prepared_statements_advice(exc: psycopg.Error) -> str:
+    """What to set when a prepared statement went missing or was found twice (42P05, 26000):
+    the connections go through a pooler in transaction mode."""
+    said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return (
+        f"{said}: the connection goes through a pooler in transaction or statement mode "
+        "(PgBouncer), which moves sessions between server connections. Set "
+        "PGQUEUE_PREPARE_THRESHOLD=none (psycopg then prepares nothing), or give PgBouncer >= "
+        "1.21 max_prepared_statements; with --listen, use a session-mode pool or --no-listen"
+    )
+
+
 def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
     """Turn the errors a user can meet into one line on stderr and an exit code.
 
@@ -273,6 +290,15 @@ def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
             # missing at connect (an OperationalError: "cannot connect to Postgres").
             _say("database error", exc.diag.message_primary or str(exc))
             raise typer.Exit(1) from None
+        except (
+            psycopg.errors.DuplicatePreparedStatement,
+            psycopg.errors.InvalidSqlStatementName,
+        ) as exc:
+            # 42P05 / 26000 on psycopg's own prepared statements (_pg3_N): a pooler in
+            # transaction mode runs each transaction on any server connection (found by a fault
+            # run: behind PgBouncer, a worker exited 2 with "invalid DSN or query").
+            _say("prepared statements not kept", prepared_statements_advice(exc))
+            raise typer.Exit(2) from None
         except psycopg.ProgrammingError as exc:
             _say("invalid DSN or query", str(exc).strip().splitlines()[0])
             raise typer.Exit(2) from None
@@ -340,5 +366,5 @@ def main(
 # The commands register themselves on `app` when imported.
 # Registered in this order, which is the order of `pgqueue --help`.
 # isort: off
-from pgqueue.cli import admin, jobs, run, experiments  # noqa: E402, F401
+from pgqueue.cli import admin, jobs, browse, run, experiments, embedded  # noqa: E402, F401
 # isort: on

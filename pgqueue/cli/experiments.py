@@ -151,7 +151,7 @@ def simulate(
     duration: Annotated[
         float,
         typer.Option(help="Total measured seconds, split over the scenarios, 1 to 1e9."),
-    ] = 20.0,
+    ] = 60.0,
     strategies: Annotated[
         str, typer.Option(help="Comma list of fifo, weighted, probabilistic, strict.")
     ] = "fifo,weighted,probabilistic,strict",

@@ -7,7 +7,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -28,6 +28,9 @@ from pgqueue.cli import (
     int_in_range,
 )
 from pgqueue.worker.shutdown import work_until_stopped
+
+if TYPE_CHECKING:
+    from pgqueue.worker.runtime import Worker, WorkerStats
 
 #: `replay --against-sandbox --rate-scale` at most: 50 RPM x 2e7 is 1e9, the most
 #: `pgqueue limits set --rpm` takes.
@@ -80,17 +83,51 @@ def work(
     target = _dsn(settings, dsn)
     registry = load_app(app_spec) if app_spec else Registry()
     if metrics_port is not None:
+        _check_can_listen("0.0.0.0", metrics_port)
         from prometheus_client import start_http_server
 
         from pgqueue.observability.metrics import WORKER_REGISTRY
 
         start_http_server(metrics_port, registry=WORKER_REGISTRY)
     worker = Worker(target, settings, registry, concurrency=concurrency, burst=burst, listen=listen)
-    stats = asyncio.run(work_until_stopped(worker))
+    wake = "LISTEN/NOTIFY" if listen else "polling only"
+    err_console.print(
+        f"worker {worker.worker_id} started: {worker.concurrency} slots, {wake} (poll every "
+        f"{settings.poll_interval_seconds:g} s), {'burst' if burst else 'until SIGTERM'}, "
+        f"database {_where(target)}",
+        markup=False,
+        highlight=False,
+    )
+    stats = asyncio.run(_work_showing_progress(worker))
     done = ", ".join(f"{k} {v}" for k, v in sorted(stats.outcomes.items())) or "nothing"
     console.print(
         f"worker {worker.worker_id} stopped: claimed {stats.claimed} ({done})", markup=False
     )
+
+
+def _where(dsn: str) -> str:
+    """A DSN as "database on host" (no user, no password)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    parts = conninfo_to_dict(dsn)
+    return f"{parts.get('dbname') or 'default'} on {parts.get('host') or 'the local socket'}"
+
+
+async def _work_showing_progress(worker: Worker) -> WorkerStats:
+    """Run the worker; on a terminal, a live line of its counts (a log gets none)."""
+    from pgqueue.progress import Phases
+
+    if not err_console.is_terminal:
+        return await work_until_stopped(worker)
+    with Phases(err_console) as phases:
+        phases.phase("working")
+        task = asyncio.ensure_future(work_until_stopped(worker))
+        while not task.done():
+            await asyncio.wait({task}, timeout=0.5)
+            done = sum(worker.stats.outcomes.values())
+            outcomes = ", ".join(f"{k} {v}" for k, v in sorted(worker.stats.outcomes.items()))
+            phases.update(done, f"claimed {worker.stats.claimed}; {outcomes}")
+        return task.result()
 
 
 @app.command()
@@ -118,6 +155,7 @@ def metrics(
     int_in_range("--port", port, 1, 65535)
     int_in_range("--top-tenants", top_tenants, 1, _MAX_TENANTS)
     finite_in_range("--refresh-seconds", refresh_seconds, 0.0, _MAX_SECONDS)
+    _check_can_listen(host, port)  # a busy port: one line naming the address, exit 2
     # The database is read once before serving: unreachable, or without the schema, the
     # command exits 1 as every other does (found by a tester: it served an empty queue).
     registry = database_registry(
@@ -274,7 +312,10 @@ def replay(
             seed=seed,
             trace=trace,
         )
-        report = run_demo(target, settings, options)
+        from pgqueue.progress import Phases
+
+        with Phases(err_console) as phases:
+            report = run_demo(target, settings, options, phases)
         if as_json:
             sys.stdout.write(json.dumps(report, default=str) + "\n")
         else:
@@ -306,32 +347,77 @@ def replay(
 @cli_errors
 def demo(
     requests: Annotated[int, typer.Option(help="Requests from the trace, 1 to 2^63-1.")] = 400,
-    speedup: Annotated[float, typer.Option(help="Replay speed-up, at least 0.01.")] = 10.0,
-    concurrency: Annotated[int, typer.Option(help=f"Jobs in flight, 1 to {MAX_CONCURRENCY}.")] = 16,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    speedup: Annotated[float, typer.Option(help="Replay speed-up, at least 0.01.")] = 5.0,
+    concurrency: Annotated[
+        int, typer.Option(help=f"Jobs in flight per queue, 1 to {MAX_CONCURRENCY}.")
+    ] = 16,
+    load: Annotated[
+        float,
+        typer.Option(help="What the trace asks / what the provider serves, 0.1 to 100."),
+    ] = 1.4,
+    chart: Annotated[
+        Path, typer.Option(help="Where to write the PNG chart (needs the plot extra).")
+    ] = Path("pgqueue-demo.png"),
+    keep: Annotated[
+        bool, typer.Option(help="Keep the two demo databases (their DSNs are printed).")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
     dsn: DsnOption = None,
 ) -> None:
-    """Embedded Postgres + sandbox API + a slice of a real trace + workers, then a summary.
+    """The same real arrivals through a plain FIFO queue and through pgqueue, side by side.
 
-    The demo works in its own database (``pgqueue_demo``, recreated on each run) on the same
-    server, so it never touches your queue.
+    Replays a slice of the Azure LLM inference trace 2023 (CC-BY 4.0) for eight tenants, one a
+    runaway, into two queues at once, each with its own worker and local sandbox API at the same
+    limits, and prints the small tenants' wait, the critical tier against its SLO, Jain's index
+    and the 429s, then draws a chart. Each queue is a database of its own on the server
+    (`pgqueue_demo_<run>_fifo` and `_pgqueue`), dropped at the end: your queue is never touched.
     """
-    from pgqueue.demo import DemoOptions, run_demo
-    from pgqueue.observability.report import render_run_report
+    from pgqueue.demo_compare import CompareOptions, run_comparison
+    from pgqueue.demo_figures import figures_json, render, terminal_chart, write_chart
+    from pgqueue.progress import Phases
 
     int_in_range("--requests", requests, 1, _INT64_MAX)
     int_in_range("--concurrency", concurrency, 1, MAX_CONCURRENCY)
     finite_in_range("--speedup", speedup, 0.01)
+    finite_in_range("--load", load, 0.1, 100.0)
     settings = _settings()
-    target = _dsn(settings, dsn)
-    if not as_json:
-        console.print(
-            f"demo: replaying {requests} requests of the Azure LLM trace 2023 (CC-BY 4.0) "
-            f"at {speedup}× against the local sandbox..."
-        )
-    options = DemoOptions(requests=requests, speedup=speedup, concurrency=concurrency)
-    report = run_demo(target, settings, options)
+    options = CompareOptions(
+        requests=requests, speedup=speedup, concurrency=concurrency, load=load, keep=keep
+    )
+    with Phases(err_console) as phases:
+        phases.phase("starting Postgres" if not (dsn or settings.dsn) else "connecting")
+        target = _dsn(settings, dsn)
+        result = run_comparison(target, settings, options, phases)
     if as_json:
-        sys.stdout.write(json.dumps(report, default=str) + "\n")
-    else:
-        render_run_report(report, console, title="Demo")
+        document = figures_json(result.fifo, result.pgqueue)
+        document["limits_per_minute"] = dict(
+            zip(
+                ("requests", "input_tokens", "output_tokens"), result.limits_per_minute, strict=True
+            )
+        )
+        document["seconds"] = result.seconds
+        sys.stdout.write(json.dumps(document) + "\n")
+        return
+    rpm, itpm, otpm = result.limits_per_minute
+    console.print(
+        f"{requests} requests of the Azure LLM inference trace 2023 (CC-BY 4.0; Patel et al., "
+        f"Splitwise, ISCA 2024) at {speedup:g}×, tenants t00 (runaway, 40 %) to t07; provider "
+        f"limits {rpm:,} RPM / {itpm:,} ITPM / {otpm:,} OTPM, 1/{load:g} of the demand, buckets "
+        f"spent at the start; {result.seconds:.0f} s.",
+        markup=False,
+        highlight=False,
+    )
+    render(result.fifo, result.pgqueue, console)
+    caption = (
+        f"pgqueue demo: {requests} requests of the Azure LLM inference trace 2023 (CC-BY 4.0) at "
+        f"{speedup:g}×, 8 tenants (t00 a runaway), the same provider limits for both queues"
+    )
+    try:
+        write_chart(result.fifo, result.pgqueue, chart, caption)
+        console.print(f"chart: {chart}", markup=False, highlight=False)
+    except ImportError:
+        terminal_chart(result.fifo, result.pgqueue, console)
+        console.print("(for a PNG chart: pip install -e '.[plot]')", markup=False, highlight=False)
+    if keep:
+        for arm, kept in result.dsns.items():
+            console.print(f"kept {arm}: {kept}", markup=False, highlight=False)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from pgqueue.errors import Defer, Discard, RateLimited, RetryLater
 from pgqueue.models import HandlerResult, Job
-from pgqueue.scheduling.backpressure import parse_retry_after
+from pgqueue.scheduling.backpressure import parse_ratelimit_reset, parse_retry_after
 from pgqueue.settings import Settings
 
 if TYPE_CHECKING:
@@ -100,7 +100,8 @@ class AnthropicMessagesHandler:
 
         Raises:
             Defer: no API key is configured on this worker (the job loses no attempt).
-            RateLimited: 429 or 529, carrying the parsed ``retry-after`` (seconds) or None.
+            RateLimited: 429 or 529, carrying the parsed ``retry-after`` (seconds), else the
+                time to the spent bucket's ``anthropic-ratelimit-*-reset``, or None.
             RetryLater: 408, 409, 5xx, timeouts and connection errors.
             Discard: any other 4xx, or parameters the SDK rejects.
         """
@@ -115,7 +116,10 @@ class AnthropicMessagesHandler:
             status = exc.status_code
             headers = exc.response.headers
             if status in (429, 529):
-                hint = parse_retry_after(headers, datetime.now(UTC))
+                now = datetime.now(UTC)
+                hint = parse_retry_after(headers, now)
+                if hint is None:  # no retry-after: when the spent bucket is full again
+                    hint = parse_ratelimit_reset(headers, now)
                 raise RateLimited(f"HTTP {status}: {exc.message}", hint, status) from None
             if status in (408, 409) or status >= 500:
                 raise RetryLater(f"HTTP {status}: {exc.message}") from None

@@ -10,6 +10,8 @@ outcome explicitly a handler raises :class:`~pgqueue.errors.RetryLater`,
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, overload
 
@@ -93,6 +95,10 @@ async def noop(job: Job) -> dict[str, Any]:
 def load_app(spec: str) -> Registry:
     """Import ``module:attribute`` and return the :class:`Registry` found there.
 
+    The current directory is searched first, as ``python -m``, uvicorn, celery and rq do: the
+    ``pgqueue`` console script's own folder is on the path, the user's is not (found by a
+    tester: ``--app myapp.jobs:registry`` from the folder holding ``myapp/`` failed).
+
     Raises:
         InvalidArgument: the spec is malformed, the module cannot be imported, or the
             attribute is not a Registry (or a callable returning one).
@@ -100,6 +106,9 @@ def load_app(spec: str) -> Registry:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise InvalidArgument(f"--app expects 'module:attribute', got {spec!r}")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

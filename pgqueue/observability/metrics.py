@@ -16,6 +16,7 @@ Per-tenant labels are capped (``top_tenants``, by traffic) with the rest summed 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -171,6 +172,12 @@ ADMISSION_BLOCK_SECONDS = Histogram(
 
 
 # ------------------------------------------------------------------------ database series
+def _or_nan(value: Any) -> float:
+    """A number read from the database, NaN for NULL (no data: Prometheus' way to say it, and
+    no alert on ``< threshold`` fires on it)."""
+    return math.nan if value is None else float(value)
+
+
 def _cap(values: dict[str, float], top: int) -> dict[str, float]:
     """Keep the ``top`` largest labels; sum the rest under ``other``."""
     ranked = sorted(values.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -271,8 +278,8 @@ class DatabaseCollector(Collector):
             "depth": depth,
             "throttles": _cap(throttles, self._top),
             "demoted": float(demoted),
-            "fairness": float(fairness["jain_weighted"]),
-            "fairness_unweighted": float(fairness["jain_unweighted"]),
+            "fairness": _or_nan(fairness["jain_weighted"]),
+            "fairness_unweighted": _or_nan(fairness["jain_unweighted"]),
             "tokens": _cap(tokens, self._top),
             "dropped": {t: float(r["dropped"]) for t, r in admission.items()},
             "caps": {
@@ -341,13 +348,14 @@ class DatabaseCollector(Collector):
         )
         yield GaugeMetricFamily(
             "claude_drr_fairness_index",
-            "Jain's fairness index (5 min, weight-normalised cost served, backlogged tenants).",
-            value=snap.get("fairness", 1.0),
+            "Jain's fairness index (5 min, weight-normalised cost served, backlogged tenants; "
+            "NaN: no data).",
+            value=snap.get("fairness", math.nan),
         )
         yield GaugeMetricFamily(
             "pgqueue_fairness_index_unweighted",
-            "Jain's index over raw cost served (5 min).",
-            value=snap.get("fairness_unweighted", 1.0),
+            "Jain's index over raw cost served (5 min; NaN: no data).",
+            value=snap.get("fairness_unweighted", math.nan),
         )
         tokens = CounterMetricFamily(
             "claude_input_tokens", "Input tokens charged per tenant.", labels=["tenant_id"]

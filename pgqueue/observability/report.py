@@ -110,7 +110,7 @@ def render_run_report(report: dict[str, Any], console: Console, title: str = "Ru
     t = report["throttles"]
     console.print(
         f"Provider throttling: {t['http_429']} × 429, {t['http_529']} × 529 "
-        f"(each rescheduled at retry-after × 1.2 ± 20 %)"
+        f"(each rescheduled at retry-after × 1.0–1.44, never earlier)"
     )
     bp = report.get("backpressure")
     if bp:
@@ -147,10 +147,17 @@ def _render_latency(status: dict[str, Any], console: Console) -> None:
         )
     console.print(table)
     overall = status["fairness"].get("all")
-    if overall:
+    if overall and overall["jain_weighted"] is not None:
         console.print(
             f"Jain's fairness index: {overall['jain_weighted']:.3f} (weight-normalised), "
-            f"{overall['jain_unweighted']:.3f} (raw) over {overall['tenants']} tenant(s)"
+            f"{overall['jain_unweighted']:.3f} (raw) over {overall['tenants']} backlogged "
+            "tenants"
+        )
+    else:
+        backlogged = overall["tenants"] if overall else 0
+        console.print(
+            f"Jain's fairness index: no data ({backlogged} tenant(s) backlogged now; it needs "
+            "two or more, served a DRR round)"
         )
 
 

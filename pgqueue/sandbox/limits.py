@@ -65,22 +65,28 @@ class TokenBucket:
     the injected clock, never above ``capacity``. Not thread-safe; callers serialise access.
     """
 
-    def __init__(self, capacity: float, refill_per_second: float, now: float) -> None:
-        """Create a full bucket.
+    def __init__(
+        self, capacity: float, refill_per_second: float, now: float, fill: float = 1.0
+    ) -> None:
+        """Create a bucket at ``fill`` × ``capacity`` (full by default).
 
         Args:
             capacity: maximum level, in units.
             refill_per_second: refill rate, in units per second.
             now: current clock reading, in seconds.
+            fill: the starting level as a fraction of ``capacity``, 0 to 1.
 
         Raises:
-            ValueError: if ``capacity`` or ``refill_per_second`` is not positive.
+            ValueError: if ``capacity`` or ``refill_per_second`` is not positive, or ``fill``
+                is outside 0 to 1.
         """
         if capacity <= 0 or refill_per_second <= 0:
             raise ValueError("capacity and refill_per_second must be positive")
+        if not 0.0 <= fill <= 1.0:
+            raise ValueError(f"fill must be in [0, 1], got {fill!r}")
         self.capacity = float(capacity)
         self.refill_per_second = float(refill_per_second)
-        self._level = float(capacity)
+        self._level = float(capacity) * fill
         self._updated = now
 
     def _refill(self, now: float) -> None:
@@ -184,23 +190,31 @@ class RateLimiter:
     deducted. Not thread-safe: the sandbox calls it from a single event loop.
     """
 
-    def __init__(self, limits: RateLimits, clock: Callable[[], float] = time.monotonic) -> None:
-        """Create a limiter with all buckets full.
+    def __init__(
+        self,
+        limits: RateLimits,
+        clock: Callable[[], float] = time.monotonic,
+        initial_fill: float = 1.0,
+    ) -> None:
+        """Create a limiter with every bucket at ``initial_fill`` × its capacity.
 
         Args:
             limits: the per-minute limits.
             clock: monotonic clock returning seconds (``time.monotonic`` by default).
+            initial_fill: starting level of each bucket, 0 (spent, as mid-way through a busy
+                hour) to 1 (full, as after an idle minute).
         """
         self.limits = limits
         self._clock = clock
+        self.initial_fill = initial_fill
         self.reset()
 
     def reset(self) -> None:
-        """Refill every bucket to capacity, as at construction."""
+        """Set every bucket back to its starting level, as at construction."""
         now = self._clock()
 
         def bucket(limit: int) -> TokenBucket:
-            return TokenBucket(limit, limit / PERIOD_SECONDS, now)
+            return TokenBucket(limit, limit / PERIOD_SECONDS, now, self.initial_fill)
 
         self._buckets: dict[str, TokenBucket] = {
             "requests": bucket(self.limits.requests_per_minute),

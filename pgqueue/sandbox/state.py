@@ -46,6 +46,7 @@ class SandboxConfig:
             "0.5" or an HTTP date), or None for no header.
         seconds_per_output_token: latency per output token, in seconds (0.0 = instant).
         base_latency_seconds: fixed latency added to every successful answer, in seconds.
+        initial_fill: the rate-limit buckets' starting level, 0 (spent) to 1 (full).
 
     Raises:
         ValueError: if a field is out of range.
@@ -62,6 +63,7 @@ class SandboxConfig:
     fail_retry_after: str | None = None
     seconds_per_output_token: float = 0.0
     base_latency_seconds: float = 0.0
+    initial_fill: float = 1.0
 
     def __post_init__(self) -> None:
         self.rate_limits()  # validates the three limits
@@ -74,6 +76,8 @@ class SandboxConfig:
         _check_status(self.fail_status, "fail_status")
         if self.seconds_per_output_token < 0 or self.base_latency_seconds < 0:
             raise ValueError("latencies must be >= 0 seconds")
+        if not 0.0 <= self.initial_fill <= 1.0:
+            raise ValueError(f"initial_fill must be in [0, 1], got {self.initial_fill!r}")
 
     def rate_limits(self) -> RateLimits:
         """The per-minute limits as a :class:`~pgqueue.sandbox.limits.RateLimits`.
@@ -136,7 +140,7 @@ class SandboxState:
         """
         self.config = config
         self.wall_clock = wall_clock
-        self.limiter = RateLimiter(config.rate_limits(), clock)
+        self.limiter = RateLimiter(config.rate_limits(), clock, config.initial_fill)
         self.reset()
 
     def reset(self) -> None:

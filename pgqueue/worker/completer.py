@@ -21,6 +21,7 @@ from pgqueue.handlers.anthropic import KIND as ANTHROPIC_KIND
 from pgqueue.models import Deferred, Failed, Interrupted, Job, Outcome, Succeeded, Throttled
 from pgqueue.scheduling.ratelimit import LimitHeader, parse_ratelimit_headers
 from pgqueue.settings import Settings
+from pgqueue.validation import storable_text
 from pgqueue.worker.transient import (
     HELD_ROW_WAIT_MS,
     first_line,
@@ -338,6 +339,9 @@ class Completer:
         return None
 
     def _statement(self, job: Job, outcome: Outcome) -> tuple[str, dict[str, Any], str | None]:
+        """The named query recording ``outcome``, its parameters, and the state it records
+        when the statement does not return one. Error text is made storable here, the one
+        place every outcome passes (:func:`storable_text`)."""
         key = {"id": job.id, "tenant_id": job.tenant_id, "lease_token": job.lease_token}
         match outcome:
             case Succeeded(result=result, input_tokens=itok, output_tokens=otok):
@@ -354,7 +358,12 @@ class Completer:
             case Failed(error=error, retry_in_seconds=delay, permanent=permanent):
                 return (
                     "job_retry",
-                    {**key, "error": error, "delay_seconds": delay, "permanent": permanent},
+                    {
+                        **key,
+                        "error": storable_text(error, _MAX_ERROR_CHARS),
+                        "delay_seconds": delay,
+                        "permanent": permanent,
+                    },
                     None,
                 )
             case Throttled(
@@ -364,20 +373,29 @@ class Completer:
                     "job_throttle",
                     {
                         **key,
-                        "error": error,
+                        "error": storable_text(error, _MAX_ERROR_CHARS),
                         "wait_seconds": wait,
                         "status_code": status,
                         "retry_after_seconds": hint,
-                        "max_throttle_retries": self._settings.max_throttle_retries,
+                        "max_throttle_wait_seconds": _hours_to_seconds(
+                            self._settings.max_throttle_wait_hours
+                        ),
                     },
                     None,
                 )
             case Interrupted(reason=reason):
-                return ("job_interrupt", {**key, "error": reason, "delay_seconds": 0.0}, "queued")
+                error = storable_text(reason, _MAX_ERROR_CHARS)
+                return ("job_interrupt", {**key, "error": error, "delay_seconds": 0.0}, "queued")
             case Deferred(reason=reason, delay_seconds=delay):
-                return ("job_interrupt", {**key, "error": reason, "delay_seconds": delay}, "queued")
+                error = storable_text(reason, _MAX_ERROR_CHARS)
+                return ("job_interrupt", {**key, "error": error, "delay_seconds": delay}, "queued")
             case _:
                 assert_never(outcome)
+
+
+def _hours_to_seconds(hours: float | None) -> float | None:
+    """Hours as seconds (None stays None: no bound)."""
+    return None if hours is None else hours * 3600.0
 
 
 class OutcomeAbandoned(Exception):

@@ -11,6 +11,7 @@ import asyncio
 import collections
 import contextlib
 import inspect
+import logging
 import math
 import random
 import threading
@@ -22,6 +23,8 @@ from pgqueue.handlers.registry import Handler, Registry
 from pgqueue.models import Deferred, Failed, HandlerResult, Job, Outcome, Succeeded, Throttled
 from pgqueue.scheduling.backpressure import backoff_seconds, throttle_wait_seconds
 from pgqueue.settings import Settings
+
+log = logging.getLogger("pgqueue.worker")
 
 _MAX_ERROR_CHARS = 2000
 #: A job of a kind this worker has no handler for goes back for another worker (seconds).
@@ -69,13 +72,68 @@ def _in_thread(handler: Handler, job: Job) -> Any:
             _sync_running -= 1
 
 
+def runs_in_thread(handler: Handler) -> bool:
+    """Whether ``handler`` is a plain function, run in a thread: such a run cannot be stopped,
+    so its job is held (lease and slot) until the thread returns."""
+    return not _is_async_callable(handler)
+
+
 async def _call(handler: Handler, job: Job) -> Any:
-    if _is_async_callable(handler):
-        return await handler(job)  # type: ignore[misc]
-    result = await asyncio.to_thread(_in_thread, handler, job)
+    result = await handler(job)  # type: ignore[misc]
     if inspect.isawaitable(result):
         return await result
     return result
+
+
+async def _call_in_thread(handler: Handler, job: Job, timeout_seconds: float) -> tuple[Any, bool]:
+    """Run a plain function ``handler`` in a thread and wait until the thread returns, whatever
+    happens meanwhile; returns what it returned (it raises what the handler raised) and whether
+    it ran past ``timeout_seconds``.
+
+    A thread cannot be stopped. Found by a fault run: a job whose synchronous handler timed out,
+    or was interrupted by a stop, went back to the queue while its thread ran on, and was run
+    again beside it (by another worker after a stop, by this one after a timeout). So neither a
+    timeout nor a cancellation (a stop) ends this wait: the job keeps its slot and its lease
+    (the heartbeat runs on) until the thread returns, and its outcome is then recorded: the
+    timeout's failure, or what the handler returned. Each cancellation is absorbed
+    (``uncancel``) so that the task's state stays clean; a process that must end sooner is
+    ended whole (a third signal), and the rescuer takes its jobs when their leases expire.
+    """
+    loop = asyncio.get_running_loop()
+    thread = asyncio.ensure_future(asyncio.to_thread(_in_thread, handler, job))
+    deadline = loop.time() + timeout_seconds
+    timed_out = False
+    told = False
+    while not thread.done():
+        try:
+            wait = None if timed_out else max(0.0, deadline - loop.time())
+            await asyncio.wait({thread}, timeout=wait)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            if not told:
+                told = True
+                log.warning(
+                    "job %s: its synchronous handler still runs (a thread cannot be stopped); "
+                    "the job keeps its lease until it returns",
+                    job.id,
+                )
+            continue
+        if not thread.done() and not timed_out:
+            timed_out = True
+            if not told:
+                told = True
+                log.warning(
+                    "job %s: its synchronous handler ran past %s s; the job keeps its lease until "
+                    "its thread returns, then fails as timed out",
+                    job.id,
+                    timeout_seconds,
+                )
+    result = thread.result()
+    if inspect.isawaitable(result):
+        result = await result
+    return result, timed_out
 
 
 #: The largest token count a job row holds (``integer`` columns).
@@ -219,14 +277,21 @@ async def execute(
     The handler gets ``provider_timeout_seconds`` (shorter than the lease) from its start,
     timed by ``deadline`` (the claim's :class:`SharedDeadline`) when given. Retry
     delays come from :func:`backoff_seconds`; throttle waits from :func:`throttle_wait_seconds`
-    (the provider's ``retry-after`` × 1.2 ± 20 %). Raises only ``asyncio.CancelledError``.
+    (the provider's ``retry-after`` × 1.2 ± 20 %, never below it). Raises only
+    ``asyncio.CancelledError``.
     """
     try:
         handler = registry.get(job.kind)
     except InvalidKind as exc:
         return Deferred(f"{exc} on this worker", UNHANDLED_KIND_DELAY_SECONDS)
     try:
-        if deadline is None:
+        if runs_in_thread(handler):
+            returned, timed_out = await _call_in_thread(
+                handler, job, settings.provider_timeout_seconds
+            )
+            if timed_out:
+                raise TimeoutError
+        elif deadline is None:
             async with asyncio.timeout(settings.provider_timeout_seconds):
                 returned = await _call(handler, job)
         else:

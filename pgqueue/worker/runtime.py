@@ -34,12 +34,19 @@ from pgqueue.db.migrate import check_schema
 from pgqueue.handlers.anthropic import KIND as ANTHROPIC_KIND
 from pgqueue.handlers.anthropic import AnthropicMessagesHandler, prepare_for_worker
 from pgqueue.handlers.registry import NOOP_KIND, Registry, noop
-from pgqueue.models import Interrupted, Job, Outcome
+from pgqueue.models import Failed, Interrupted, Job, Outcome
 from pgqueue.observability import metrics
 from pgqueue.settings import Settings
 from pgqueue.worker import shutdown, upkeep
 from pgqueue.worker.completer import Completer, OutcomeAbandoned
-from pgqueue.worker.executor import SharedDeadline, execute, sync_handlers_running
+from pgqueue.worker.connections import CONNECTION_OPTIONS, WorkerPool
+from pgqueue.worker.decoding import Undecodable, configure_connection
+from pgqueue.worker.executor import (
+    SharedDeadline,
+    execute,
+    runs_in_thread,
+    sync_handlers_running,
+)
 from pgqueue.worker.inflight import InFlight
 from pgqueue.worker.lease_keeper import LeaseKeeper
 from pgqueue.worker.notifier import Notifier
@@ -167,6 +174,16 @@ class Worker:
 
     def _on_signal(self) -> None:
         if self._hard_stop:
+            threads = self._in_threads([task for _job, task in self._jobs.running.values()])
+            if threads:
+                # The only way to stop a thread is to end the process: its jobs' leases then
+                # expire and the rescuer puts them back; nothing runs them twice at once.
+                log.warning(
+                    "another signal: exiting now, with %d synchronous handler(s) still running; "
+                    "their jobs go back to the queue when their leases expire",
+                    len(threads),
+                )
+                os._exit(128 + signal.SIGTERM)
             log.warning(
                 "another signal: no more waiting for outcome writes; "
                 "their jobs go back to the queue when their leases expire"
@@ -209,12 +226,17 @@ class Worker:
             return self.stats
         pool_size = min(self.concurrency, 8) + 2
         metrics.SLOTS.set(self.concurrency)
-        self._pool = AsyncConnectionPool(
+        self._pool = WorkerPool(
             self.dsn,
             min_size=1,
             max_size=pool_size,
-            kwargs={"autocommit": True, "prepare_threshold": self.settings.prepare_threshold},
+            kwargs={
+                "autocommit": True,
+                "prepare_threshold": self.settings.prepare_threshold,
+                **CONNECTION_OPTIONS,
+            },
             reconnect_timeout=POOL_RECONNECT_SECONDS,
+            configure=configure_connection,
             open=False,
         )
         await self._pool.open(wait=True)
@@ -240,7 +262,9 @@ class Worker:
                 )
             )
         if self.listen:
-            notifier = Notifier(self.dsn, self.wake)
+            notifier = Notifier(
+                self.dsn, self.wake, poll_interval_seconds=self.settings.poll_interval_seconds
+            )
             background.append(asyncio.create_task(notifier.run(self._stop), name="pgqueue-listen"))
         try:
             await self._produce()
@@ -370,6 +394,9 @@ class Worker:
             retry_seconds=PRODUCER_RETRY_SECONDS,
             connection_wait_seconds=PRODUCER_RETRY_SECONDS,
         )
+        first = next((row for row in rows if row["id"] is not None), None)
+        if first is not None:
+            await self._make_durable(first)
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
         metrics.CLAIMS.inc()
         self._blocked_seconds = None
@@ -384,9 +411,13 @@ class Worker:
                 deadline.finish()
                 continue
             claimed += 1
-            job = Job.from_row(row)
+            payload = row["payload"]
+            poison = payload if isinstance(payload, Undecodable) else None
+            job = Job.from_row(row if poison is None else {**row, "payload": {}})
             by_tier[job.priority.value] += 1
-            task = asyncio.create_task(self._run_job(job, deadline), name=f"pgqueue-job-{job.id}")
+            task = asyncio.create_task(
+                self._run_job(job, deadline, poison), name=f"pgqueue-job-{job.id}"
+            )
             if self._jobs.add(job, task):  # an earlier run of it here lost its lease
                 self.stats.lost_leases += 1
             if self._stopping:
@@ -399,6 +430,22 @@ class Worker:
         self.stats.claimed += claimed
         metrics.SLOTS_IN_USE.set(len(self._jobs.running))
         return claimed
+
+    async def _make_durable(self, row: dict[str, Any]) -> None:
+        """Wait until the claim just received is flushed to disk (``job_claim_durable``), so
+        that a crash of Postgres cannot lose a claim whose handlers run. If the database does
+        not answer, the jobs run anyway (a claim lost then runs its jobs again, as before)."""
+        assert self._pool is not None
+        try:
+            await run_named(
+                self._pool,
+                "job_claim_durable",
+                {k: row[k] for k in ("id", "tenant_id", "lease_token")},
+                retry_seconds=PRODUCER_RETRY_SECONDS,
+                connection_wait_seconds=PRODUCER_RETRY_SECONDS,
+            )
+        except (psycopg.Error, PoolTimeout) as exc:
+            log.warning("could not wait for the claim to be flushed (%s)", first_line(exc))
 
     async def _queued_kinds(self, kinds: list[str]) -> list[str]:
         """Which of ``kinds`` still have queued jobs (none asked: no statement); an empty list
@@ -423,14 +470,24 @@ class Worker:
                     )
         return None if row is None or row["seconds"] is None else float(row["seconds"])
 
-    async def _run_job(self, job: Job, deadline: SharedDeadline) -> None:
+    async def _run_job(
+        self, job: Job, deadline: SharedDeadline, poison: Undecodable | None = None
+    ) -> None:
+        """Run ``job`` and record its outcome; a job whose payload could not be decoded
+        (``poison``) is not run but failed for good, naming why, and its claim's other jobs run
+        as usual."""
         assert self._completer is not None
         outcome: Outcome
         released = False
         lease = job.lease
         try:
             try:
-                outcome = await execute(job, self.registry, self.settings, self._rng, deadline)
+                if poison is not None:
+                    log.error("job %s: its payload cannot be decoded (%s)", job.id, poison.reason)
+                    reason = f"payload cannot be decoded: {poison.reason}"
+                    outcome = Failed(reason, 0.0, permanent=True)
+                else:
+                    outcome = await execute(job, self.registry, self.settings, self._rng, deadline)
             except asyncio.CancelledError:
                 outcome = Interrupted()
             finally:
@@ -530,9 +587,32 @@ class Worker:
             running + flushing, self.settings.shutdown_grace_seconds, self._hard_stopped
         )
         still_running = [task for task in running if task in pending]
-        self._jobs.cancel_handlers(still_running)
-        await self._budget.wait(still_running)
+        in_threads = self._in_threads(still_running)
+        others = [task for task in still_running if task not in in_threads]
+        self._jobs.cancel_handlers(others)
+        await self._budget.wait(others)
+        if in_threads:
+            # A thread cannot be stopped: its job keeps its lease (the heartbeat runs on) until
+            # it returns, and is then recorded as it ended (found by a fault run: returned to
+            # the queue at once, the job ran on another worker beside the thread).
+            log.warning(
+                "waiting for %d synchronous handler(s) to return (a thread cannot be stopped); "
+                "their jobs keep their leases. Another signal ends the process now: their jobs "
+                "then go back to the queue when their leases expire",
+                len(in_threads),
+            )
+            await asyncio.wait(in_threads)
         await self._interrupt_unstarted()
+
+    def _in_threads(self, tasks: list[asyncio.Task[None]]) -> list[asyncio.Task[None]]:
+        """Those of ``tasks`` whose job's handler is a plain function, run in a thread."""
+        return [
+            task
+            for job, task in self._jobs.running.values()
+            if task in tasks
+            and job.kind in self.registry
+            and runs_in_thread(self.registry.get(job.kind))
+        ]
 
     async def _interrupt_unstarted(self) -> None:
         """Return to the queue the jobs whose task was cancelled before its first step (a hard

@@ -127,6 +127,25 @@ def test_origin_in_any_case(db_dsn):
     assert result.exit_code == 2 and "UnknownOrigin" in result.stderr
 
 
+def test_a_busy_metrics_port_is_named(db_dsn):
+    """Found by a tester: `pgqueue metrics --port` on a port in use gave a bare OSError (and
+    `work --metrics-port` the same); now one line names the address, as the sandbox's does."""
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = run("metrics", "--port", port, "--dsn", db_dsn)
+        assert result.exit_code == 2
+        assert _lines(result) == [
+            f"InvalidArgument: cannot listen on 0.0.0.0:{port}: Address already in use"
+        ]
+        result = run("work", "--burst", "--metrics-port", port, "--dsn", db_dsn)
+        assert result.exit_code == 2
+        assert _lines(result) == [
+            f"InvalidArgument: cannot listen on 0.0.0.0:{port}: Address already in use"
+        ]
+
+
 def test_option_ranges(db_dsn):
     assert run("demo", "--speedup", "0").exit_code == 2
     assert run("sandbox", "--port", "99999").exit_code == 2
@@ -448,9 +467,12 @@ _FLOAT_OPTIONS = [
     (["replay"], "--speedup", "of at least 0.01", ["0"]),
     (["replay"], "--rate-scale", "between 0.01 and 2e7", ["0", "3e7"]),
     (["demo"], "--speedup", "of at least 0.01", ["0"]),
+    (["demo"], "--load", "between 0.1 and 100", ["0.05", "101"]),
     (["simulate"], "--duration", "between 1 and 1e9", ["0.5", "2e9"]),
     (["simulate"], "--rate", "of at least 1", ["0.5"]),
     (["simulate"], "--urgent-share", "greater than 0 and less than 1", ["0", "1"]),
+    (["dashboard"], "--refresh-seconds", "between 0 and 3600", ["-1", "3601"]),
+    (["dashboard"], "--window", "between 1 and 1e9", ["0.5", "2e9"]),
 ]
 
 
@@ -744,6 +766,9 @@ _INT_OPTIONS = [
     (["simulate"], "--workers", "1 to 10000", ["0", "10001"]),
     (["simulate"], "--normal-cap", "0 to 2^63-1", ["-1", "9223372036854775808"]),
     (["simulate"], "--urgent-cap", "0 to 2^63-1", ["-1", "9223372036854775808"]),
+    (["jobs", "list"], "--limit", "1 to 1000", ["0", "1001"]),
+    (["jobs", "list"], "--before", "1 to 2^63-1", ["0", "9223372036854775808"]),
+    (["dashboard"], "--port", "1 to 65535", ["0", "65536"]),
 ]
 
 
@@ -784,8 +809,14 @@ def test_no_int_option_is_left_to_typer():
         ("replay", "--seed"),
         ("simulate", "--seed"),
         ("cancel", "--job-id"),
+        ("jobs_show", "--job-id"),
     }
-    names = {"tenants": "tenants_", "admission": "admission_", "limits": "limits_"}
+    names = {
+        "tenants": "tenants_",
+        "admission": "admission_",
+        "limits": "limits_",
+        "jobs": "jobs_",
+    }
     checked = {
         (names.get(command[0], "") + (command[1] if command[0] in names else command[0]), option)
         for command, option, _, _ in _INT_OPTIONS

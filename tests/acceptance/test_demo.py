@@ -41,3 +41,121 @@ def test_demo_reports_and_leaves_the_users_queue_alone(db_dsn):
     assert all(row["succeeded"] + row["failed"] == row["jobs"] for row in tiers.values())
     assert {t["tenant_id"] for t in report["tenants"]} <= {f"t{i:02d}" for i in range(8)}
     assert report["replay"]["jobs"] == 40
+
+
+def _demo_databases(dsn: str) -> set[str]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT datname FROM pg_database WHERE datname ~ '^pgqueue_(demo|replay)_'"
+        ).fetchall()
+    return {name for (name,) in rows}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_side_by_side_demo_runs_both_arms_and_drops_its_databases(server_dsn):
+    """`pgqueue demo`'s comparison: the same jobs through both queues, every job accounted for,
+    figures for both arms, and its two databases gone afterwards."""
+    import io
+
+    from rich.console import Console
+
+    from pgqueue.demo_compare import CompareOptions, run_comparison
+    from pgqueue.progress import Phases
+
+    before = _demo_databases(server_dsn)
+    options = CompareOptions(requests=60, speedup=20, concurrency=8, drain_seconds=60)
+    out = io.StringIO()
+    with Phases(Console(file=out)) as phases:
+        result = run_comparison(server_dsn, Settings(), options, phases)
+    assert out.getvalue().splitlines() == [
+        "creating the two databases and their sandbox APIs",
+        "starting a worker per queue",
+        "replaying 60 requests into both queues (2 s at 20×)",
+        "letting both queues drain",
+        "reading the figures",
+    ]
+    for arm in (result.fifo, result.pgqueue):
+        assert arm.jobs == 60
+        assert arm.succeeded + arm.failed + arm.unfinished == 60
+        assert arm.small_wait_p99 is not None and arm.critical_p99 is not None
+        assert set(arm.wait_p99_by_tenant) <= {f"t{i:02d}" for i in range(8)}
+    assert _demo_databases(server_dsn) == before
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_two_demos_on_one_server_both_finish(server_dsn, tmp_path):
+    """Found by a tester: a second `pgqueue demo` on the same server dropped `pgqueue_demo`
+    under the first, which ended in an 81-line traceback. Each run now has databases of its
+    own. Off a terminal each prints one line per phase on stderr."""
+    from tests.apps.harness import start_cli
+
+    runs = []
+    for n in range(2):
+        cwd = tmp_path / f"run{n}"
+        cwd.mkdir()
+        runs.append(
+            start_cli(
+                "demo",
+                "--requests",
+                "30",
+                "--speedup",
+                "50",
+                "--concurrency",
+                "4",
+                "--dsn",
+                server_dsn,
+                "--chart",
+                str(cwd / "chart.png"),
+                log_dir=cwd,
+            )
+        )
+    try:
+        for run in runs:
+            assert run.wait(200) == 0, run.stderr()
+    finally:
+        for run in runs:
+            run.kill()
+    for run in runs:
+        assert "Traceback" not in run.stderr()
+        assert run.stderr().splitlines()[:3] == [
+            "connecting",
+            "creating the two databases and their sandbox APIs",
+            "starting a worker per queue",
+        ]
+        assert "Look at the small tenants' p99 wait" in run.stdout()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_replay_against_the_sandbox_prints_one_line_per_phase(server_dsn):
+    """Found by a tester: `replay --against-sandbox` (194 s at its size) printed nothing until
+    the end. Off a terminal it prints one line per phase; its database is its own, dropped."""
+    from tests.apps.harness import run_cli
+
+    before = _demo_databases(server_dsn)
+    done = run_cli(
+        "replay",
+        "--against-sandbox",
+        "--limit",
+        "20",
+        "--speedup",
+        "100",
+        "--rate-scale",
+        "20",
+        "--dsn",
+        server_dsn,
+        timeout=100,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 4, lines
+    assert lines[0].startswith("creating the database pgqueue_replay_")
+    assert lines[1:] == [
+        "replaying 20 requests at 100×",
+        "waiting for the worker to finish them",
+        "collecting the report",
+    ]
+    assert "Replay: latency per tier" in done.stdout
+    assert _demo_databases(server_dsn) == before

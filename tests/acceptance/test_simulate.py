@@ -35,6 +35,23 @@ def test_options_are_validated():
         SimulateOptions(policies=("shed",)).validate()
 
 
+def test_the_defaults_measure_enough_jobs_per_scenario():
+    """Found by a tester: the defaults gave 1.67 s per scenario, so urgent p95 came from 9-28
+    jobs and the verdict read False in 2 runs of 2; with --duration 60 it read True. The
+    defaults must offer each scenario enough urgent jobs for a p95 (at least 50, so that 2 or
+    more lie above it), and the CLI's defaults are the library's."""
+    import inspect
+
+    from pgqueue.cli.experiments import simulate
+
+    options = SimulateOptions()
+    urgent = options.scenario_seconds * options.arrival_rate_per_second * options.urgent_share
+    assert options.scenario_seconds >= 5.0
+    assert urgent >= 50
+    cli = inspect.signature(inspect.unwrap(simulate)).parameters
+    assert cli["duration"].default == options.duration_seconds
+
+
 def test_each_run_has_databases_of_its_own(monkeypatch):
     """Found by a tester: with one fixed template name, two runs on one server (two tests side
     by side under `pytest -n 2`, or a user's run beside CI) dropped each other's template

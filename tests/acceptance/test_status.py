@@ -67,3 +67,25 @@ def test_the_slo_is_a_setting(db_dsn):
             " WHERE window_name = '5m' AND tier = 'critical'"
         ).fetchone()
     assert row == (True,)
+
+
+def test_watch_into_a_pipe_prints_each_refresh(db_dsn, tmp_path):
+    """Found by a tester: `pgqueue status --watch 2 | cat` printed nothing (rich's Live only
+    redraws a terminal). Into a pipe, every refresh is printed in full under a time line."""
+    import signal
+
+    from tests.apps.harness import start_cli, wait_until
+
+    _finish_jobs(db_dsn, "critical", [0.5])
+    watcher = start_cli("status", "--watch", "0.5", "--dsn", db_dsn, log_dir=tmp_path)
+    try:
+        wait_until(
+            lambda: watcher.stdout().count("Queue depth") >= 2,
+            timeout=30,
+            what="two refreshes in the pipe",
+        )
+        watcher.popen.send_signal(signal.SIGINT)
+        assert watcher.wait(30) == 0, watcher.stderr()
+    finally:
+        watcher.kill()
+    assert watcher.stdout().count("--- ") >= 2

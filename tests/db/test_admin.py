@@ -6,6 +6,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
 
 import pgqueue
@@ -143,3 +144,55 @@ def test_the_known_plans_are_the_ones_sql_prices(conn) -> None:
     for plan in KNOWN_PLANS:
         row = conn.execute("SELECT pgqueue.plan_quantum(%s, NULL, 10.0)", (plan,)).fetchone()
         assert row[0] == 10.0 * PLAN_QUANTUM_MULTIPLIERS.get(plan, 1.0), plan
+
+
+def _counters_match(conn) -> None:
+    from pgqueue.db import queries
+
+    counted = [r for r in queries.run(conn, "queue_counts_by_key") if r["queued"]]
+    actual = queries.run(conn, "queue_counts_actual")
+
+    def key(r):
+        return (r["tier"], r["tenant_id"] or "", r["queued"])
+
+    assert sorted(map(key, counted)) == sorted(map(key, actual))
+
+
+def test_retry_one_job(conn):
+    """pgqueue.retry (revision 0034): a failed or cancelled job goes back to the queue with
+    fresh counters, is claimable, and is counted; any other state is left as it is."""
+    from pgqueue.admin import retry_job
+
+    failed = pgqueue.enqueue(conn, tenant_id="a", origin="user_action", payload=PAYLOAD)
+    cancelled = pgqueue.enqueue(conn, tenant_id="b", origin="batch_job", payload=PAYLOAD)
+    queued = pgqueue.enqueue(conn, tenant_id="b", origin="batch_job", payload=PAYLOAD)
+    _fail_all(conn, "HTTP 500", f"id = {failed}")
+    assert pgqueue.cancel(conn, cancelled, reason="oops") == "cancelled"
+    assert retry_job(conn, failed) == "queued"
+    assert retry_job(conn, cancelled) == "queued"
+    assert retry_job(conn, queued) == "queued"  # was queued already: unchanged
+    rows = conn.execute(
+        "SELECT id, state::text, attempts, throttle_retries, finished_at FROM pgqueue.jobs"
+        " ORDER BY id"
+    ).fetchall()
+    assert rows == [(i, "queued", 0, 0, None) for i in (failed, cancelled, queued)]
+    _counters_match(conn)
+    conn.commit()
+    claimed = conn.execute("SELECT count(*) FROM pgqueue.claim(10, 'w', 60)").fetchone()
+    assert claimed == (3,)
+
+
+def test_retry_of_an_unknown_job(conn):
+    from pgqueue.admin import retry_job
+
+    job = pgqueue.enqueue(conn, tenant_id="a", origin="user_action", payload=PAYLOAD)
+    conn.commit()
+    with pytest.raises(pgqueue.UnknownJob, match="no job 999999"):
+        retry_job(conn, 999_999)
+    conn.rollback()
+    with pytest.raises(psycopg.Error, match="of tenant 'b'") as raised:
+        conn.execute("SELECT pgqueue.retry(%s, 'b')", (job,))
+    assert raised.value.sqlstate == "PQ011"
+    conn.rollback()
+    with pytest.raises(pgqueue.InvalidArgument):
+        retry_job(conn, 0)

@@ -35,7 +35,7 @@ def _throttle(conn: psycopg.Connection[Any], job: dict[str, Any]) -> str:
             "wait_seconds": 0.0,
             "status_code": 429,
             "retry_after_seconds": 1.0,
-            "max_throttle_retries": 100,
+            "max_throttle_wait_seconds": None,
         },
     )
     return str(row["state"])

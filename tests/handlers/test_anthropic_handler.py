@@ -63,7 +63,7 @@ async def test_success_returns_message_and_usage():
 
 @pytest.mark.parametrize(
     ("status", "retry_after", "expected"),
-    [(429, "2", 2.0), (429, "0.5", 0.5), (529, "3", 3.0), (429, None, None)],
+    [(429, "2", 2.0), (429, "0.5", 0.5), (529, "3", 3.0), (429, None, None)],  # None: reset
 )
 async def test_throttles_carry_the_retry_after_hint(status, retry_after, expected):
     config = SandboxConfig(fail_first_n=1, fail_status=status, fail_retry_after=retry_after)
@@ -75,7 +75,14 @@ async def test_throttles_carry_the_retry_after_hint(status, retry_after, expecte
         finally:
             await handler.aclose()
     assert info.value.status_code == status
-    assert info.value.retry_after_seconds == expected
+    if expected is None:
+        # no retry-after: the time until the spent bucket's anthropic-ratelimit-*-reset
+        # (issue 32: a reset 30 s away gave a retry after the 1 s default); the sandbox's
+        # buckets are full again within a minute
+        hint = info.value.retry_after_seconds
+        assert hint is not None and 0.0 <= hint <= 60.0
+    else:
+        assert info.value.retry_after_seconds == expected
 
 
 async def test_http_date_retry_after():
@@ -161,6 +168,6 @@ async def test_executor_maps_outcomes_through_the_sandbox():
         await registry.get("anthropic.messages").aclose()  # type: ignore[attr-defined]
     assert isinstance(throttled, Throttled)
     assert throttled.retry_after_seconds == 1.0
-    assert 1.0 * 1.2 * 0.8 <= throttled.wait_seconds <= 1.0 * 1.2 * 1.2
+    assert 1.0 <= throttled.wait_seconds <= 1.0 * 1.2 * 1.2  # never before retry-after
     assert isinstance(ok, Succeeded) and ok.output_tokens == 12
     assert isinstance(unknown, Deferred)

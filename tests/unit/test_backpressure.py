@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from pgqueue.scheduling.backpressure import (
     backoff_seconds,
+    parse_ratelimit_reset,
     parse_retry_after,
     throttle_wait_seconds,
 )
@@ -147,7 +148,7 @@ def test_integer_delta_round_trips(seconds: int) -> None:
 @pytest.mark.parametrize("retry_after", [0.5, 1.0, 7.0, 60.0])
 def test_throttle_wait_stays_within_bounds_and_reaches_them(retry_after: float) -> None:
     rng = random.Random(1234)
-    low, high = retry_after * 1.2 * 0.8, retry_after * 1.2 * 1.2
+    low, high = retry_after, retry_after * 1.2 * 1.2
     waits = [throttle_wait_seconds(retry_after, rng) for _ in range(5000)]
     assert all(low <= w <= high for w in waits)
     spread = high - low
@@ -155,24 +156,90 @@ def test_throttle_wait_stays_within_bounds_and_reaches_them(retry_after: float) 
     assert max(waits) > high - 0.01 * spread
 
 
+@PROPS
+@given(
+    retry_after=st.floats(min_value=0.001, max_value=3600.0),
+    multiplier=st.floats(min_value=0.1, max_value=5.0),
+    jitter=st.floats(min_value=0.0, max_value=0.99),
+    seed=st.integers(0, 2**32),
+)
+def test_a_throttle_wait_is_never_shorter_than_the_retry_after(
+    retry_after: float, multiplier: float, jitter: float, seed: int
+) -> None:
+    """Issue 32, defect 9: ×1.2 ± 20 % went down to 0.96 × the provider's retry-after."""
+    wait = throttle_wait_seconds(
+        retry_after, random.Random(seed), multiplier=multiplier, jitter=jitter
+    )
+    assert wait >= retry_after
+    assert wait <= retry_after * max(1.0, multiplier * (1 + jitter)) * (1 + 1e-12)
+
+
+def test_sixty_seconds_of_retry_after_is_never_retried_early() -> None:
+    rng = random.Random(10)
+    waits = [throttle_wait_seconds(60.0, rng) for _ in range(10_000)]
+    assert min(waits) >= 60.0
+    assert max(waits) > 80.0  # the jitter is kept, above the hint
+
+
 def test_throttle_wait_uses_the_default_without_a_usable_hint() -> None:
     for hint in (None, 0.0):
         waits = [throttle_wait_seconds(hint, random.Random(seed)) for seed in range(500)]
-        assert all(0.96 <= w <= 1.44 for w in waits)
+        assert all(1.0 <= w <= 1.44 for w in waits)
     waits = [throttle_wait_seconds(None, random.Random(s), default_seconds=10.0) for s in range(50)]
-    assert all(9.6 <= w <= 14.4 for w in waits)
+    assert all(10.0 <= w <= 14.4 for w in waits)
 
 
 def test_throttle_wait_parameters() -> None:
     rng = random.Random(7)
     assert throttle_wait_seconds(10.0, rng, multiplier=1.0, jitter=0.0) == 10.0
     assert 7.2 <= throttle_wait_seconds(4.0, rng, multiplier=2.0, jitter=0.1) <= 8.8
+    assert 4.0 <= throttle_wait_seconds(4.0, rng, multiplier=0.5, jitter=0.1) <= 4.0
     for bad in ({"jitter": 1.0}, {"jitter": -0.1}, {"multiplier": 0.0}, {"default_seconds": 0.0}):
         with pytest.raises(ValueError):
             throttle_wait_seconds(1.0, rng, **bad)
     for bad_hint in (-1.0, math.nan, math.inf):
         with pytest.raises(ValueError):
             throttle_wait_seconds(bad_hint, rng)
+
+
+# --- parse_ratelimit_reset -----------------------------------------------------------------
+
+
+def _reset(seconds: float) -> str:
+    return (NOW + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
+
+
+def test_a_429_without_retry_after_waits_for_the_spent_buckets_reset() -> None:
+    """Issue 32, defect 9: a reset 30 s away gave a retry after 3.7 s."""
+    headers = {
+        "anthropic-ratelimit-requests-remaining": "12",
+        "anthropic-ratelimit-requests-reset": _reset(2),
+        "anthropic-ratelimit-input-tokens-remaining": "0",
+        "anthropic-ratelimit-input-tokens-reset": _reset(30),
+        "anthropic-ratelimit-output-tokens-remaining": "100",
+        "anthropic-ratelimit-output-tokens-reset": _reset(45),
+    }
+    assert parse_retry_after(headers, NOW) is None
+    assert parse_ratelimit_reset(headers, NOW) == pytest.approx(30.0)
+    waits = [throttle_wait_seconds(30.0, random.Random(s)) for s in range(200)]
+    assert min(waits) >= 30.0
+
+
+def test_reset_headers_without_a_spent_bucket_give_the_latest_reset() -> None:
+    headers = {
+        "Anthropic-RateLimit-Requests-Reset": _reset(5),
+        "anthropic-ratelimit-output-tokens-reset": _reset(12),
+    }
+    assert parse_ratelimit_reset(headers, NOW) == pytest.approx(12.0)
+
+
+def test_unusable_or_past_resets() -> None:
+    assert parse_ratelimit_reset({}, NOW) is None
+    assert parse_ratelimit_reset({"anthropic-ratelimit-requests-reset": "soon"}, NOW) is None
+    assert parse_ratelimit_reset({"anthropic-ratelimit-requests-reset": _reset(-9)}, NOW) == 0.0
+    far = {"anthropic-ratelimit-requests-reset": _reset(10**6)}
+    assert parse_ratelimit_reset(far, NOW) == 3600.0
+    assert parse_ratelimit_reset(far, NOW.replace(tzinfo=None), max_seconds=60.0) == 60.0
 
 
 def test_throttle_wait_is_reproducible_with_a_seed() -> None:

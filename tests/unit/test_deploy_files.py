@@ -98,3 +98,20 @@ def test_the_latency_panel_draws_the_slo_lines():
     latency = next(p for p in dashboard["panels"] if "p99 latency" in p["title"])
     steps = latency["fieldConfig"]["defaults"]["thresholds"]["steps"]
     assert {s["value"] for s in steps} >= {2, 6, 120}
+
+
+def test_compose_leaves_the_hosts_postgres_port_alone_and_brings_load():
+    """Found by a tester: the compose file published host port 5432, which clashes with any
+    local Postgres, and had no load, so its Grafana dashboard stayed empty."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    for name, service in services.items():
+        for mapping in service.get("ports", []):
+            host = re.sub(r"\$\{[A-Z_]+:-(\d+)\}", r"\1", str(mapping)).split(":")[0]
+            assert host != "5432", f"{name} publishes host port 5432 by default"
+    load = services["load"]
+    assert load["command"][:2] == ["pgqueue", "replay"]
+    assert "@postgres:5432/" in load["environment"]["PGQUEUE_DSN"]
+    assert load["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    worker = services["worker"]
+    assert worker["environment"]["ANTHROPIC_BASE_URL"] == "http://sandbox:8765"

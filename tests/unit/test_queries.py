@@ -70,3 +70,7 @@ def test_wheel_ships_sql_migrations_and_data(tmp_path):
     assert "pgqueue/sql/schema/071_claim_dispatch.sql" in names
     assert "pgqueue/data/azure_llm_conv_2023.csv" in names
     assert "pgqueue/data/README.md" in names
+    assert "pgqueue/sql/queries/dashboard.sql" in names
+    assert "pgqueue/dashboard/templates/page.html" in names
+    assert "pgqueue/dashboard/templates/parts/overview.html" in names
+    assert "pgqueue/dashboard/static/dashboard.js" in names

@@ -100,3 +100,14 @@ def test_rule_validation():
         DemotionRule(throttle_threshold=0)
     with pytest.raises(ValueError):
         DemotionRule(demotion_seconds=0)
+
+
+def test_a_take_leaves_the_margin_unless_the_request_is_too_large_for_it():
+    bucket = TokenBucket(40_000, 39_000, 0.0)
+    assert bucket.try_take(38_500, 0.0, margin=800)[0] is False  # would leave 500 < 800
+    assert bucket.try_take(38_200, 0.0, margin=800)[0] is True
+    assert bucket.seconds_until(38_500, 0.0, margin=800) == (38_500 + 800 - 39_000) / (40_000 / 60)
+    full = TokenBucket.full(40_000, now=0.0)
+    assert full.try_take(39_900, 0.0, margin=800)[0] is True  # leaves what it can: 100
+    ok, after = full.try_take(1_000, 0.0, margin=800)
+    assert ok and after.available == 39_000  # only the amount is taken

@@ -101,7 +101,7 @@ def _throttle(claimed: dict[str, Any]) -> dict[str, Any]:
         "wait_seconds": 1.0,
         "status_code": 429,
         "retry_after_seconds": 1.0,
-        "max_throttle_retries": 4,
+        "max_throttle_wait_seconds": 86_400.0,
     }
 
 

@@ -157,3 +157,62 @@ def test_a_signal_after_the_worker_stopped_does_not_kill_the_process(db_dsn: str
     done = _run_script(_LATE_SIGNAL, db_dsn)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "alive 0"
+
+
+_USER_APP = """
+import pgqueue
+
+registry = pgqueue.Registry()
+
+
+@registry.handler("myapp.echo")
+async def echo(job):
+    return {"echo": job.payload["n"]}
+"""
+
+
+@pytest.mark.timeout(120)
+def test_work_app_is_found_in_the_current_directory_and_the_worker_says_it_started(
+    db_dsn: str, tmp_path
+) -> None:
+    """The README's `pgqueue work --app myapp.jobs:registry`, run by the console script from
+    the folder that holds `myapp/`: it failed with "No module named 'myapp'" (the script's own
+    folder is on the path, the current one is not). Off a terminal the worker prints one line
+    per phase: a start-up line, then its summary."""
+    from pathlib import Path
+
+    import psycopg
+
+    import pgqueue
+    from pgqueue import JobSpec
+    from tests.apps.harness import cli_env
+
+    package = tmp_path / "myapp_29"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "jobs.py").write_text(_USER_APP)
+    with psycopg.connect(db_dsn) as conn:
+        pgqueue.enqueue_many(
+            conn, [JobSpec("t", "scheduled", {"n": i}, kind="myapp.echo") for i in range(3)]
+        )
+        conn.commit()
+    script = Path(sys.executable).parent / "pgqueue"
+    if not script.exists():
+        pytest.skip("the pgqueue console script is not installed next to this Python")
+    env = cli_env({"PGQUEUE_POLL_INTERVAL_SECONDS": "0.2"})
+    env.pop("PYTHONPATH")  # as a user's shell: nothing but the current folder to find myapp_29
+    done = subprocess.run(
+        [str(script), "work", "--burst", "--app", "myapp_29.jobs:registry", "--dsn", db_dsn],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    # the rest of stderr is log records (here: no API key for anthropic.messages jobs)
+    lines = [line for line in done.stderr.splitlines() if " pgqueue." not in line]
+    assert len(lines) == 1 and lines[0].startswith("worker "), done.stderr
+    assert "started: 10 slots" in lines[0] and "burst" in lines[0]
+    assert "succeeded 3" in done.stdout

@@ -1,7 +1,7 @@
 """A 429/529 reschedules the job by ``run_at``; no worker slot waits while holding it.
 
 Foundation issue, done-when 5, against the sandbox API with a real worker (in-process) and a
-real database: the throttled job is retried after retry-after × 1.2 ± 20 %, uses no failure
+real database: the throttled job is retried after retry-after × 1.0-1.44, uses no failure
 attempt, leaves one throttle event for its tenant, and while it waits it is an ordinary queued
 row (no worker, no lease) — a one-slot worker runs another job in the meantime.
 """
@@ -21,6 +21,7 @@ from psycopg.rows import dict_row
 from pydantic import SecretStr
 
 import pgqueue
+from pgqueue.errors import RateLimited
 from pgqueue.models import Job
 from pgqueue.sandbox import SandboxConfig, running_sandbox
 from pgqueue.settings import Settings
@@ -32,8 +33,8 @@ PAYLOAD = {
     "max_tokens": 16,
     "messages": [{"role": "user", "content": "hi"}],
 }
-# throttle_wait_seconds: retry-after × 1.2 × U(0.8, 1.2); microsecond rounding in the interval
-LOW, HIGH, EPS = 1.2 * 0.8, 1.2 * 1.2, 1e-5
+# throttle_wait_seconds: retry-after × U(1.0, 1.44); microsecond rounding in the interval
+LOW, HIGH, EPS = 1.0, 1.2 * 1.2, 1e-5
 
 
 def _settings(base_url: str) -> Settings:
@@ -72,10 +73,18 @@ def _sandbox_stats(base_url: str) -> dict[str, Any]:
     return stats
 
 
-def _enqueue(dsn: str, *, kind: str = "anthropic.messages", payload: Any = PAYLOAD) -> int:
+def _enqueue(
+    dsn: str, *, kind: str = "anthropic.messages", payload: Any = PAYLOAD, max_attempts: int = 5
+) -> int:
     with psycopg.connect(dsn) as conn:
         return pgqueue.enqueue(
-            conn, tenant_id=TENANT, origin="scheduled", sla_seconds=300, kind=kind, payload=payload
+            conn,
+            tenant_id=TENANT,
+            origin="scheduled",
+            sla_seconds=300,
+            kind=kind,
+            payload=payload,
+            max_attempts=max_attempts,
         )
 
 
@@ -192,3 +201,62 @@ async def test_retry_after_as_http_date(db_dsn: str) -> None:
 
     event = _assert_throttled_once_then_succeeded(db_dsn, throttled, 429, None)
     assert 0.0 < event["retry_after_seconds"] <= 2.0
+
+
+# --- throttled waiting is bounded by time, not by a count of 429s (issue 32, defect 4) ----------
+
+
+def _storm_registry(throttles: int) -> pgqueue.Registry:
+    """``test.storm``: raises ``RateLimited`` (retry-after 10 ms) the first ``throttles`` times
+    each job runs, then succeeds."""
+    registry = pgqueue.Registry()
+    seen: dict[int, int] = {}
+
+    @registry.handler("test.storm")
+    async def storm(job: Job) -> dict[str, int]:
+        seen[job.id] = seen.get(job.id, 0) + 1
+        if seen[job.id] <= throttles:
+            raise RateLimited("HTTP 429: storm", 0.01)
+        return {"runs": seen[job.id]}
+
+    return registry
+
+
+async def test_a_429_storm_does_not_dead_letter_good_jobs(db_dsn: str) -> None:
+    """Found by a fault run: with max_attempts 3, five 429s failed every job (attempts 0,
+    throttle_retries 5), so any provider outage longer than ~4 × retry-after did."""
+    ids = [_enqueue(db_dsn, kind="test.storm", payload={"i": i}, max_attempts=1) for i in range(4)]
+    settings = Settings(poll_interval_seconds=0.05, max_throttle_wait_hours=1.0)
+    worker = Worker(db_dsn, settings, _storm_registry(12), concurrency=4, burst=True)
+    stats = await worker.run(install_signal_handlers=False)
+
+    assert stats.outcomes == {"queued": 48, "succeeded": 4}
+    for job_id in ids:
+        job = _job(db_dsn, job_id)
+        assert (job["state"], job["attempts"], job["throttle_retries"]) == ("succeeded", 1, 12)
+
+
+async def test_throttled_waiting_ends_at_the_time_bound(db_dsn: str) -> None:
+    """A job enqueued longer ago than ``max_throttle_wait_hours`` fails at its next 429, with
+    the provider's reason kept; one enqueued within it is rescheduled."""
+    old, recent = (_enqueue(db_dsn, kind="test.storm", payload={"i": i}) for i in range(2))
+    with psycopg.connect(db_dsn) as conn:
+        conn.execute(
+            "UPDATE pgqueue.jobs SET enqueued_at = now() - interval '2 hours' WHERE id = %s",
+            (old,),
+        )
+    settings = Settings(poll_interval_seconds=0.05, max_throttle_wait_hours=1.0)
+    worker = Worker(db_dsn, settings, _storm_registry(1), concurrency=2, burst=True)
+    await worker.run(install_signal_handlers=False)
+
+    gave_up = _job(db_dsn, old)
+    assert (gave_up["state"], gave_up["throttle_retries"]) == ("failed", 1)
+    assert gave_up["last_error"] == "HTTP 429: storm"
+    assert _job(db_dsn, recent)["state"] == "succeeded"
+
+
+def test_the_time_bound_is_a_setting_in_hours() -> None:
+    assert Settings().max_throttle_wait_hours == 24.0
+    assert Settings(max_throttle_wait_hours="none").max_throttle_wait_hours is None
+    with pytest.raises(ValueError):
+        Settings(max_throttle_wait_hours=0)

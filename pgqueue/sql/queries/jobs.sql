@@ -12,6 +12,22 @@ SELECT (c.job).id, (c.job).tenant_id, (c.job).kind, (c.job).priority, (c.job).pa
        (c.job).est_input_tokens, c.blocked_seconds
 FROM pgqueue.claim_admitted(%(limit)s, %(worker_id)s, %(lease_seconds)s) AS c
 
+-- name: job_claim_durable :execrows
+-- Makes the claims this worker received durable before their handlers start. The claim commits
+-- without waiting for its WAL flush (pgqueue.claim_admitted: the scheduler's lock is released
+-- sooner), so a crash of Postgres could lose a claim already handed out, and its jobs ran again
+-- with their attempt not counted (found by a fault run: 4 jobs ran twice, attempts 1). This
+-- statement rewrites one claimed row as it is (fenced by its lease) and commits with
+-- synchronous_commit on: a commit that wrote WAL waits for the flush past its own commit
+-- record, so past the claim's too (WAL is one sequence). (A commit that wrote nothing, such as
+-- txid_current()'s, does not wait.) The wait is outside the scheduler's lock, and concurrent
+-- flushes are grouped.
+UPDATE pgqueue.jobs
+SET lease_expires_at = lease_expires_at
+WHERE id = %(id)s AND tenant_id = %(tenant_id)s
+  AND state = 'running' AND lease_token = %(lease_token)s::uuid
+  AND (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL
+
 -- name: job_complete :execrows
 -- Fenced: only the lease holder of a running job can record its success.
 UPDATE pgqueue.jobs
@@ -84,12 +100,17 @@ RETURNING state::text AS state
 -- name: job_throttle :one
 -- Fenced. The provider said 429/529: reschedule at now() + wait (database clock) without
 -- consuming a failure attempt, count the throttle retry, record a throttle event for the
--- tenant; past max_throttle_retries the job fails with the reason kept.
+-- tenant; when the wait would end more than max_throttle_wait_seconds after the job's enqueue
+-- (NULL: never), the job fails with the reason kept.
 WITH moved AS (
     UPDATE pgqueue.jobs
-    SET state = CASE WHEN throttle_retries + 1 > %(max_throttle_retries)s
+    SET state = CASE WHEN now() + make_interval(secs => %(wait_seconds)s)
+                          > enqueued_at + make_interval(secs => %(max_throttle_wait_seconds)s)
                      THEN 'failed'::pgqueue.job_state ELSE 'queued'::pgqueue.job_state END,
-        finished_at = CASE WHEN throttle_retries + 1 > %(max_throttle_retries)s THEN now() END,
+        finished_at = CASE WHEN now() + make_interval(secs => %(wait_seconds)s)
+                               > enqueued_at
+                                 + make_interval(secs => %(max_throttle_wait_seconds)s)
+                           THEN now() END,
         run_at = now() + make_interval(secs => %(wait_seconds)s),
         attempts = greatest(attempts - 1, 0),
         throttle_retries = throttle_retries + 1,
@@ -193,20 +214,11 @@ ORDER BY j.kind
 
 -- name: job_requeue_failed :many
 -- `pgqueue retry`: failed jobs matching every given filter go back to the queue with fresh
--- counters; last_error is kept until the next attempt overwrites it.
-UPDATE pgqueue.jobs
-SET state = 'queued',
-    attempts = 0,
-    throttle_retries = 0,
-    run_at = now(),
-    finished_at = NULL
-WHERE state = 'failed'
-  AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s::text)
-  AND (%(tier)s::text IS NULL OR priority = %(tier)s::pgqueue.tier)
-  AND (%(reason)s::text IS NULL OR last_error ILIKE '%%' || %(reason)s::text || '%%')
-  AND (%(since)s::timestamptz IS NULL OR finished_at >= %(since)s::timestamptz)
-  AND (%(until)s::timestamptz IS NULL OR finished_at < %(until)s::timestamptz)
-RETURNING id
+-- counters (pgqueue.retry_failed, revision 0034; `reason` is a literal substring of
+-- last_error, any case); last_error is kept until the next attempt overwrites it.
+SELECT r.id
+FROM pgqueue.retry_failed(%(tenant_id)s, %(tier)s::pgqueue.tier, %(reason)s,
+                          %(since)s, %(until)s) AS r(id)
 
 -- name: job_prune :one
 -- Retention: delete up to `limit` finished jobs (succeeded, failed, cancelled) that finished

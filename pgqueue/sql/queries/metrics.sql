@@ -17,9 +17,9 @@ FROM pgqueue.demotions d
 WHERE d.expires_at > now()
 
 -- name: metrics_fairness :one
--- Jain's index over all tiers in the 5-minute window (weight-normalised).
-SELECT coalesce(f.jain_weighted, 1.0) AS jain_weighted,
-       coalesce(f.jain_unweighted, 1.0) AS jain_unweighted
+-- Jain's index over all tiers in the 5-minute window (weight-normalised); NULL: no data
+-- (fewer than two tenants backlogged, or less than a DRR round served), never 1.0 for it.
+SELECT f.jain_weighted, f.jain_unweighted
 FROM (SELECT 1) one
 LEFT JOIN pgqueue.fairness f ON f.window_name = '5m' AND f.tier IS NULL
 

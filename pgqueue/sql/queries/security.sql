@@ -46,15 +46,21 @@ BEGIN
         EXECUTE 'GRANT MAINTAIN ON pgqueue.drr_inbox, pgqueue.deficits, pgqueue.tier_state, pgqueue.queue_counts, pgqueue.rate_limits TO pgqueue_worker';
     END IF;
     GRANT ALL ON ALL TABLES IN SCHEMA pgqueue TO pgqueue_admin;
+    -- Which tenant a role acts for is the admins' to say: workers only read it.
+    REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON pgqueue.tenant_roles FROM pgqueue_worker;
+    -- Row-level security asks it for every producer's query.
+    GRANT EXECUTE ON FUNCTION pgqueue.session_tenant_scope() TO pgqueue_producer;
     GRANT ALL ON ALL SEQUENCES IN SCHEMA pgqueue TO pgqueue_admin;
 
-    -- A session that sets pgqueue.tenant_id enqueues only that tenant's jobs.
+    -- A session confined to a tenant (pgqueue.session_tenant_scope: the tenant its role is
+    -- bound to in pgqueue.tenant_roles, whatever it sets; else the one it sets) enqueues only
+    -- that tenant's jobs.
     CREATE OR REPLACE FUNCTION pgqueue.jobs_tenant_scope()
     RETURNS trigger
     LANGUAGE plpgsql
     AS $fn$
     DECLARE
-        scope text := coalesce(current_setting('pgqueue.tenant_id', true), '');
+        scope text := coalesce(pgqueue.session_tenant_scope(), '');
     BEGIN
         IF scope <> '' AND EXISTS (SELECT 1 FROM new_rows n WHERE n.tenant_id <> scope) THEN
             RAISE EXCEPTION 'this session may only enqueue jobs of tenant %', quote_literal(scope)
@@ -73,18 +79,19 @@ BEGIN
     REVOKE EXECUTE ON FUNCTION pgqueue.jobs_tenant_scope() FROM PUBLIC;
     GRANT EXECUTE ON FUNCTION pgqueue.jobs_tenant_scope() TO pgqueue_worker, pgqueue_admin;
 
-    -- Row-level security: producers see their tenant's rows only; workers and admins all.
+    -- Row-level security: producers see their tenant's rows only (the scope is computed once
+    -- per query, as an init plan); workers and admins all.
     ALTER TABLE pgqueue.jobs ENABLE ROW LEVEL SECURITY;
     ALTER TABLE pgqueue.usage_daily ENABLE ROW LEVEL SECURITY;
     DROP POLICY IF EXISTS jobs_producer_own ON pgqueue.jobs;
     CREATE POLICY jobs_producer_own ON pgqueue.jobs FOR SELECT TO pgqueue_producer
-        USING (tenant_id = current_setting('pgqueue.tenant_id', true));
+        USING (tenant_id = (SELECT pgqueue.session_tenant_scope()));
     DROP POLICY IF EXISTS jobs_operators_all ON pgqueue.jobs;
     CREATE POLICY jobs_operators_all ON pgqueue.jobs FOR ALL TO pgqueue_worker, pgqueue_admin
         USING (true) WITH CHECK (true);
     DROP POLICY IF EXISTS usage_producer_own ON pgqueue.usage_daily;
     CREATE POLICY usage_producer_own ON pgqueue.usage_daily FOR SELECT TO pgqueue_producer
-        USING (tenant_id = current_setting('pgqueue.tenant_id', true));
+        USING (tenant_id = (SELECT pgqueue.session_tenant_scope()));
     DROP POLICY IF EXISTS usage_operators_all ON pgqueue.usage_daily;
     CREATE POLICY usage_operators_all ON pgqueue.usage_daily FOR ALL
         TO pgqueue_worker, pgqueue_admin USING (true) WITH CHECK (true);

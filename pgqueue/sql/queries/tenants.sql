@@ -1,14 +1,10 @@
 -- Tenant administration.
 
 -- name: tenant_upsert :one
-INSERT INTO pgqueue.tenants AS t (tenant_id, plan, quantum, daily_token_budget)
-VALUES (%(tenant_id)s, coalesce(%(plan)s, 'free'), %(quantum)s, %(daily_token_budget)s)
-ON CONFLICT (tenant_id) DO UPDATE
-SET plan = coalesce(%(plan)s, t.plan),
-    quantum = coalesce(%(quantum)s, t.quantum),
-    daily_token_budget = coalesce(%(daily_token_budget)s, t.daily_token_budget),
-    updated_at = now()
-RETURNING t.tenant_id, t.plan, t.quantum, t.daily_token_budget
+-- Create a tenant or change its plan, quantum or daily budget; NULL keeps a value
+-- (pgqueue.tenant_set, revision 0034).
+SELECT t.tenant_id, t.plan, t.quantum, t.daily_token_budget
+FROM pgqueue.tenant_set(%(tenant_id)s, %(plan)s, %(quantum)s, %(daily_token_budget)s) t
 
 -- name: tenant_list :many
 SELECT t.tenant_id, t.plan, t.quantum, t.daily_token_budget,

@@ -270,3 +270,16 @@ CREATE TABLE pgqueue.rate_limits (
     CONSTRAINT rate_limits_pkey PRIMARY KEY (model)
 )
 WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='500');
+
+-- Which tenant a database role acts for, kept by an admin (`pgqueue grant` lets only
+-- pgqueue_admin write it). A session whose login role is listed, or is a member of a listed
+-- role, is confined to that tenant by row-level security, enqueue and cancel
+-- (pgqueue.session_tenant_scope), whatever it sets: found by a fault run, a producer that set
+-- pgqueue.tenant_id to another tenant read and cancelled that tenant's jobs.
+CREATE TABLE pgqueue.tenant_roles (
+    role_name text NOT NULL,
+    tenant_id text NOT NULL,
+    CONSTRAINT tenant_roles_role_name_check CHECK ((role_name <> ''::text)),
+    CONSTRAINT tenant_roles_tenant_id_check CHECK (((tenant_id <> ''::text) AND (char_length(tenant_id) <= 128))),
+    CONSTRAINT tenant_roles_pkey PRIMARY KEY (role_name)
+);

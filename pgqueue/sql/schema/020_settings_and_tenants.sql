@@ -141,3 +141,26 @@ CREATE TRIGGER tenants_truncate_guard
     AFTER TRUNCATE ON pgqueue.tenants
     FOR EACH STATEMENT
     EXECUTE FUNCTION pgqueue.tenants_truncate_guard();
+
+-- Create a tenant or change its settings (`pgqueue tenants set`, the dashboard's tenant form;
+-- revision 0034).
+CREATE OR REPLACE FUNCTION pgqueue.tenant_set(tenant_id text, plan text DEFAULT NULL,
+                                              quantum double precision DEFAULT NULL,
+                                              daily_token_budget bigint DEFAULT NULL)
+RETURNS pgqueue.tenants
+LANGUAGE sql
+AS $$
+-- Create a tenant or change its plan, DRR quantum (cost units) or daily input-token budget;
+-- NULL keeps a value (a new tenant: plan 'free', the default quantum and budget). Returns
+-- the tenant's row. `pgqueue tenants set`, and the dashboard's tenant form. The table's
+-- checks refuse a bad plan name, quantum or budget (23514).
+    INSERT INTO pgqueue.tenants AS t (tenant_id, plan, quantum, daily_token_budget)
+    VALUES (tenant_set.tenant_id, coalesce(tenant_set.plan, 'free'), tenant_set.quantum,
+            tenant_set.daily_token_budget)
+    ON CONFLICT (tenant_id) DO UPDATE
+    SET plan = coalesce(tenant_set.plan, t.plan),
+        quantum = coalesce(tenant_set.quantum, t.quantum),
+        daily_token_budget = coalesce(tenant_set.daily_token_budget, t.daily_token_budget),
+        updated_at = now()
+    RETURNING t.*
+$$;

@@ -66,6 +66,29 @@ RETURNS double precision
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT greatest(1.0, est_input_tokens / 1000.0)::double precision $$;
 
+-- Why Python could not decode this payload, or NULL: nesting 512 levels deep or more (the
+-- worker's json.loads is bounded by Python's recursion limit) or an integer of more than 4,300
+-- digits (Python's int-to-text limit); pgqueue.validation refuses the same. Found by a fault
+-- run: such a payload, enqueued through SQL, crashed every worker that claimed it. Cheap for
+-- the usual payload: the exact walks run only when its text has 512 opening brackets, or 255
+-- digits in a row.
+CREATE OR REPLACE FUNCTION pgqueue.payload_problem(payload jsonb)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN octet_length(s.t) - octet_length(translate(s.t, '[{', '')) >= 512
+             AND jsonb_path_exists(payload, 'strict $.**{512}')
+            THEN 'payload is nested 512 levels deep or more'
+        WHEN s.t ~ '[0-9]{255}'  -- (255: the longest repetition a regex may count)
+             AND EXISTS (SELECT 1 FROM jsonb_path_query(payload, 'strict $.**') AS v(x)
+                         WHERE jsonb_typeof(v.x) = 'number' AND v.x::text !~ '[.]'
+                           AND octet_length(ltrim(v.x::text, '-')) > 4300)
+            THEN 'payload holds an integer of more than 4300 digits'
+    END
+    FROM (SELECT payload::text) AS s(t)
+$$;
+
 -- Raises a PQxxx SQLSTATE (see pgqueue/errors.py) for bad input; returns the parsed origin.
 CREATE OR REPLACE FUNCTION pgqueue.validate_job(tenant_id text, origin text, payload jsonb,
                                                 sla_seconds double precision, kind text,
@@ -77,6 +100,7 @@ DECLARE
     max_bytes bigint := coalesce(
         nullif(current_setting('pgqueue.max_payload_bytes', true), '')::bigint, 1048576);
     size_bytes bigint;
+    problem text;
 BEGIN
     IF tenant_id IS NULL OR tenant_id = '' OR char_length(tenant_id) > 128 THEN
         RAISE EXCEPTION 'tenant_id must be 1 to 128 characters'
@@ -90,6 +114,10 @@ BEGIN
                                     OR sla_seconds = 'Infinity'::float8) THEN
         RAISE EXCEPTION 'sla_seconds must be a finite number >= 0 or NULL, got %', sla_seconds
             USING ERRCODE = 'PQ005';
+    END IF;
+    IF sla_seconds > 315576000 THEN
+        RAISE EXCEPTION 'sla_seconds must be at most 315576000 (ten years; NULL for no SLA), got %',
+            sla_seconds USING ERRCODE = 'PQ005';
     END IF;
     IF kind IS NULL OR kind = '' OR char_length(kind) > 128 THEN
         RAISE EXCEPTION 'kind must be 1 to 128 characters' USING ERRCODE = 'PQ008';
@@ -105,6 +133,10 @@ BEGIN
     IF size_bytes > max_bytes THEN
         RAISE EXCEPTION 'payload is % bytes, over the cap of % bytes', size_bytes, max_bytes
             USING ERRCODE = 'PQ002';
+    END IF;
+    problem := pgqueue.payload_problem(payload);
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION '%', problem USING ERRCODE = 'PQ001';
     END IF;
     IF kind = 'anthropic.messages' THEN
         IF jsonb_typeof(payload -> 'model') IS DISTINCT FROM 'string'
@@ -146,10 +178,12 @@ AS $$
         WHEN sla_seconds IS NOT NULL
              AND (sla_seconds < 0 OR sla_seconds = 'NaN'::float8
                   OR sla_seconds = 'Infinity'::float8) THEN false
+        WHEN sla_seconds > 315576000 THEN false
         WHEN kind IS NULL OR kind = '' OR char_length(kind) > 128 THEN false
         WHEN max_attempts IS NOT NULL AND (max_attempts < 1 OR max_attempts > 1000) THEN false
         WHEN payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN false
         WHEN octet_length(payload::text) > max_payload_bytes THEN false
+        WHEN pgqueue.payload_problem(payload) IS NOT NULL THEN false
         WHEN kind <> 'anthropic.messages' THEN true
         WHEN jsonb_typeof(payload -> 'model') IS DISTINCT FROM 'string'
              OR payload ->> 'model' = '' THEN false

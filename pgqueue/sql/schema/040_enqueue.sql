@@ -73,9 +73,15 @@ BEGIN
                                      try_enqueue.kind, try_enqueue.max_attempts);
     END IF;
     o := try_enqueue.origin::pgqueue.origin;
+    try_enqueue.sla_seconds := try_enqueue.sla_seconds + 0.0;  -- -0 is stored as 0
     IF try_enqueue.dedupe_key IS NOT NULL THEN
         IF try_enqueue.dedupe_key = '' OR char_length(try_enqueue.dedupe_key) > 256 THEN
             RAISE EXCEPTION 'dedupe_key must be 1 to 256 characters' USING ERRCODE = 'PQ009';
+        END IF;
+        -- Control characters (C0, DEL, C1) print as nothing or move the cursor: refused, as
+        -- pgqueue.validation.check_dedupe_key does (found by a fault run: U+0001 was stored).
+        IF try_enqueue.dedupe_key ~ '[\x01-\x1f\x7f-\x9f]' THEN
+            RAISE EXCEPTION 'dedupe_key holds a control character' USING ERRCODE = 'PQ009';
         END IF;
         SELECT j.id INTO new_id FROM pgqueue.jobs j
         WHERE j.tenant_id = try_enqueue.tenant_id AND j.dedupe_key = try_enqueue.dedupe_key

@@ -116,7 +116,9 @@ BEGIN
     WITH ins AS (
         INSERT INTO pgqueue.jobs AS j (tenant_id, kind, origin, sla_seconds, priority, payload,
                                        model, est_input_tokens, max_output_tokens, cost)
-        SELECT b.tenant_id, b.kind, b.o, b.sla, b.tier, b.payload, b.payload ->> 'model', e.est,
+        -- (+ 0.0: -0 is stored as 0)
+        SELECT b.tenant_id, b.kind, b.o, b.sla + 0.0, b.tier, b.payload, b.payload ->> 'model',
+               e.est,
                pgqueue.payload_max_tokens(b.payload), pgqueue.job_cost(e.est)
         FROM unnest(batch) b
         CROSS JOIN LATERAL (SELECT pgqueue.estimate_input_tokens(b.payload) AS est) e
@@ -313,7 +315,7 @@ BEGIN
         INSERT INTO pgqueue.jobs AS j (tenant_id, kind, origin, sla_seconds, priority, payload,
                                        model, est_input_tokens, max_output_tokens, cost)
         SELECT i.tenant_id, coalesce(i.kind, 'anthropic.messages'), i.origin::pgqueue.origin,
-               i.sla,
+               i.sla + 0.0,  -- -0 is stored as 0
                pgqueue.classify(i.origin::pgqueue.origin, i.sla, i.tenant_id = ANY (demoted)),
                i.payload, i.payload ->> 'model', e.est, pgqueue.payload_max_tokens(i.payload),
                pgqueue.job_cost(e.est)

@@ -60,6 +60,11 @@ $$;
 
 -- Admission for one request: take 1 request, the estimated input tokens (corrected by the
 -- model's observed ratio) and max_tokens of output, if all three fit and no cooldown is open.
+-- Input tokens are an estimate (characters / 4), so the input bucket keeps a margin for its
+-- error: a request fits when the level minus the margin holds it (GUC
+-- pgqueue.ratelimit_input_margin, a share of the per-minute limit, default 0.02; less for a
+-- request too large to leave it, which may then take a full bucket). Without it a worker
+-- starting on a full 40k bucket admitted 40.3k tokens in its first second and met a 429.
 -- Returns 0 when taken; else the seconds until they would fit ('Infinity' when a request is
 -- larger than a bucket's capacity: it can never be sent whole).
 CREATE OR REPLACE FUNCTION pgqueue.ratelimit_try_take(p_model text, p_input_tokens double precision,
@@ -70,6 +75,9 @@ AS $$
 DECLARE
     r pgqueue.rate_limits := pgqueue.ratelimit_row(p_model);
     need_in double precision := p_input_tokens * r.input_estimate_ratio;
+    margin double precision := least(
+        pgqueue.setting('ratelimit_input_margin', 0.02) * r.input_tokens_per_minute,
+        greatest(0, r.input_tokens_per_minute - need_in));
     wait double precision := 0;
 BEGIN
     IF r.cooldown_until > now() THEN
@@ -80,7 +88,7 @@ BEGIN
     END IF;
     wait := greatest(
         (1 - r.requests_available) / (r.requests_per_minute / 60.0),
-        (need_in - r.input_tokens_available) / (r.input_tokens_per_minute / 60.0),
+        (need_in + margin - r.input_tokens_available) / (r.input_tokens_per_minute / 60.0),
         (p_output_tokens - r.output_tokens_available) / (r.output_tokens_per_minute / 60.0),
         0);
     IF wait > 0 THEN

@@ -1,6 +1,7 @@
 -- After the claim: the update trigger that keeps counters, the DRR inbox and usage in step
--- with every state change of a job (completion, retry, throttle, rescue, cancel), and
--- cancelling jobs (queued or running: a running job loses its lease, fencing off its worker).
+-- with every state change of a job (completion, retry, throttle, rescue, cancel), cancelling
+-- jobs (queued or running: a running job loses its lease, fencing off its worker), and an
+-- operator's retries of failed jobs (one, or in bulk).
 
 -- Changed rows: queued counters, then the usage of successes with token counts charged to
 -- their tenants' day and the budget rule (one upsert per tenant, in tenant order, so that
@@ -82,6 +83,38 @@ LANGUAGE sql
 STABLE
 AS $$ SELECT pg_catalog.has_table_privilege(session_user, 'pgqueue.jobs', 'UPDATE') $$;
 
+-- The tenant this session is confined to, or NULL when it may act for any tenant. A session
+-- whose login role may write pgqueue.jobs (session_writes_jobs: owner, superuser, workers,
+-- admins) is not bound to a tenant; any other session whose login role is, or is a member of,
+-- a role of pgqueue.tenant_roles is confined to that role's tenant, whatever it sets
+-- (42501 when its roles name two tenants); else the tenant it sets in pgqueue.tenant_id, a
+-- narrowing an unbound (multi-tenant) producer chooses for itself. Runs as its owner, so that
+-- producers need no privilege on pgqueue.tenant_roles.
+CREATE OR REPLACE FUNCTION pgqueue.session_tenant_scope()
+RETURNS text
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pgqueue, pg_temp
+AS $$
+DECLARE
+    bound text[];
+BEGIN
+    IF pgqueue.session_writes_jobs() THEN
+        RETURN nullif(current_setting('pgqueue.tenant_id', true), '');
+    END IF;
+    SELECT array_agg(DISTINCT b.tenant_id) INTO bound
+    FROM pgqueue.tenant_roles b
+    JOIN pg_catalog.pg_roles r ON r.rolname = b.role_name
+    WHERE pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER');
+    IF cardinality(bound) > 1 THEN
+        RAISE EXCEPTION 'the roles of this session are bound to more than one tenant: %',
+            array_to_string(bound, ', ') USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN coalesce(bound[1], nullif(current_setting('pgqueue.tenant_id', true), ''));
+END
+$$;
+
 -- Cancel one job (the rules are in the body's comments below).
 CREATE OR REPLACE FUNCTION pgqueue.cancel(job_id bigint, tenant_id text DEFAULT NULL,
                                           reason text DEFAULT NULL)
@@ -94,14 +127,15 @@ AS $$
 -- A running job loses its lease: its worker's outcome write is fenced off (dropped), and the
 -- worker stops its handler at its next heartbeat. The counters (queue_counts) follow through
 -- jobs_after_update; a DRR pair left without queued jobs leaves the round at its turn.
--- With `tenant_id`, only that tenant's job; a session that sets pgqueue.tenant_id only ever
--- reaches its own tenant's jobs, and a session that may not write pgqueue.jobs itself (a
--- producer: pgqueue.session_writes_jobs) must set it (42501 otherwise), as row-level security
+-- With `tenant_id`, only that tenant's job; a session confined to a tenant
+-- (pgqueue.session_tenant_scope: its role's, or the one it sets) only ever reaches that
+-- tenant's jobs, and a session that may not write pgqueue.jobs itself (a producer:
+-- pgqueue.session_writes_jobs) must have a scope (42501 otherwise), as row-level security
 -- shows it nothing else.
 -- Raises PQ011 when no such job is visible, PQ009 for a reason that is empty or longer than
 -- 1,000 characters.
 DECLARE
-    scope text := nullif(current_setting('pgqueue.tenant_id', true), '');
+    scope text := pgqueue.session_tenant_scope();
     found_state pgqueue.job_state;
     found_tenant text;
 BEGIN
@@ -160,12 +194,13 @@ AS $$
 -- the caller's transaction ends even though it is then running, and the worker's batched
 -- completion would wait on it (found by a tester: a cancel_queued held open in a transaction
 -- stopped a worker for every tenant).
--- A session that sets pgqueue.tenant_id may only name that tenant, and a session that may not
--- write pgqueue.jobs itself (pgqueue.session_writes_jobs) must set it (42501 otherwise).
+-- A session confined to a tenant (pgqueue.session_tenant_scope) may only name that tenant, and
+-- a session that may not write pgqueue.jobs itself (pgqueue.session_writes_jobs) must have a
+-- scope (42501 otherwise).
 -- Raises PQ006 for a tenant id that is empty or longer than 128 characters, PQ009 for a
 -- reason that is empty or longer than 1,000 characters.
 DECLARE
-    scope text := nullif(current_setting('pgqueue.tenant_id', true), '');
+    scope text := pgqueue.session_tenant_scope();
     n bigint;
 BEGIN
     IF cancel_queued.tenant_id IS NULL OR cancel_queued.tenant_id = ''
@@ -200,4 +235,71 @@ BEGIN
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END
+$$;
+
+-- Retry one failed or cancelled job (the dashboard's "retry"; revision 0034).
+CREATE OR REPLACE FUNCTION pgqueue.retry(job_id bigint, tenant_id text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+-- Put one failed or cancelled job back in the queue with fresh attempt and throttle counters,
+-- due now; returns its state after the call: 'queued', or its state unchanged when it was
+-- not failed or cancelled. last_error is kept until the next attempt overwrites it (as
+-- pgqueue.retry_failed does). With `tenant_id`, only that tenant's job. The counters
+-- (queue_counts) and the DRR bookkeeping follow through the jobs triggers.
+-- Raises PQ011 when there is no such job, PQ009 for a NULL job_id.
+DECLARE
+    found_state pgqueue.job_state;
+    found_tenant text;
+BEGIN
+    IF retry.job_id IS NULL THEN
+        RAISE EXCEPTION 'job_id must not be NULL' USING ERRCODE = 'PQ009';
+    END IF;
+    SELECT j.state, j.tenant_id INTO found_state, found_tenant
+    FROM pgqueue.jobs j
+    WHERE j.id = retry.job_id
+      AND (retry.tenant_id IS NULL OR j.tenant_id = retry.tenant_id)
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PQ011', MESSAGE = format(
+            'no job %s%s', retry.job_id,
+            CASE WHEN retry.tenant_id IS NULL THEN ''
+                 ELSE format(' of tenant %s', quote_literal(retry.tenant_id)) END);
+    END IF;
+    IF found_state NOT IN ('failed', 'cancelled') THEN
+        RETURN found_state::text;
+    END IF;
+    UPDATE pgqueue.jobs j
+    SET state = 'queued', attempts = 0, throttle_retries = 0, run_at = now(), finished_at = NULL
+    WHERE j.id = retry.job_id AND j.tenant_id = found_tenant;
+    RETURN 'queued';
+END
+$$;
+
+-- Re-queue failed jobs in bulk (`pgqueue retry`, the dashboard's "re-queue a tenant's failed
+-- jobs"; revision 0034).
+CREATE OR REPLACE FUNCTION pgqueue.retry_failed(tenant_id text DEFAULT NULL,
+                                                tier pgqueue.tier DEFAULT NULL,
+                                                reason text DEFAULT NULL,
+                                                since timestamptz DEFAULT NULL,
+                                                until timestamptz DEFAULT NULL)
+RETURNS SETOF bigint
+LANGUAGE sql
+AS $$
+-- Re-queue the failed jobs that match every filter given (NULL: any) with fresh attempt and
+-- throttle counters, due now; returns their ids. `reason` is a substring of last_error,
+-- matched literally and case-insensitively; since/until bound finished_at (until excluded).
+-- last_error is kept until the next attempt overwrites it. `pgqueue retry`, and the
+-- dashboard's "re-queue a tenant's failed jobs".
+    UPDATE pgqueue.jobs j
+    SET state = 'queued', attempts = 0, throttle_retries = 0, run_at = now(), finished_at = NULL
+    WHERE j.state = 'failed'
+      AND (retry_failed.tenant_id IS NULL OR j.tenant_id = retry_failed.tenant_id)
+      AND (retry_failed.tier IS NULL OR j.priority = retry_failed.tier)
+      AND (retry_failed.reason IS NULL
+           OR strpos(lower(j.last_error), lower(retry_failed.reason)) > 0)
+      AND (retry_failed.since IS NULL OR j.finished_at >= retry_failed.since)
+      AND (retry_failed.until IS NULL OR j.finished_at < retry_failed.until)
+    RETURNING j.id
 $$;

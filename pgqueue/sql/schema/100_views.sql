@@ -68,27 +68,73 @@ FROM (VALUES ('1m', interval '1 minute'), ('5m', interval '5 minutes'),
              ('1h', interval '1 hour')) AS w(window_name, service_window)
 CROSS JOIN LATERAL pgqueue.tenant_service_in(w.service_window) ts;
 
--- Jain's index (Σx)²/(n·Σx²) over the tenants backlogged in the window, per tier and over all
--- tiers (tier NULL): x = cost served / quantum (weight-normalised), and x = cost served.
--- 1.0 when nobody was backlogged.
+-- Jain's index (Σx)²/(n·Σx²) over the tenants backlogged now, per tier and over all tiers
+-- (tier NULL): x = cost served / quantum (weight-normalised), and x = cost served, counted
+-- over the span in which every one of them was backlogged without a break (from the latest
+-- of their backlogs' starts, at most `service_window` ago, to now). A tenant is backlogged
+-- while it has a due job waiting; a tenant that drained is no longer compared (its earlier
+-- service was fair or not against the others then, not now). NULL, no data: fewer than two
+-- tenants backlogged, or less than one DRR round (a quantum each) served in the span.
 CREATE OR REPLACE FUNCTION pgqueue.fairness_in(service_window interval)
 RETURNS TABLE (tier pgqueue.tier, tenants bigint, jain_weighted double precision,
                jain_unweighted double precision)
 LANGUAGE sql STABLE
 AS $$
-    WITH per_tenant AS (
-        SELECT s.tier, s.tenant_id, sum(s.cost_served) AS c, max(s.quantum) AS q
-        FROM pgqueue.tenant_service_in(service_window) s
-        WHERE s.backlogged
-        GROUP BY GROUPING SETS ((s.tier, s.tenant_id), (s.tenant_id))
+    WITH bounds AS (
+        SELECT now() - service_window AS t0, now() AS t1
+    ), waits AS (
+        -- when each job waited (due, not yet started), in or reaching into the window; the
+        -- jobs waiting now as one interval per tenant and tier (they all reach now)
+        SELECT j.tenant_id, j.priority AS tier, min(greatest(j.enqueued_at, j.run_at)) AS s,
+               b.t1 AS e
+        FROM pgqueue.jobs j, bounds b
+        WHERE j.state = 'queued' AND j.run_at <= b.t1
+        GROUP BY j.tenant_id, j.priority, b.t1
+        UNION ALL
+        SELECT j.tenant_id, j.priority, greatest(j.enqueued_at, j.run_at), j.started_at
+        FROM pgqueue.jobs j, bounds b
+        WHERE j.started_at >= b.t0 AND j.state <> 'queued'
+    ), marked AS (
+        SELECT w.tenant_id, w.tier, w.s, w.e,
+               w.s > coalesce(max(w.e) OVER (PARTITION BY w.tenant_id, w.tier ORDER BY w.s, w.e
+                                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+                              '-infinity') AS starts_backlog
+        FROM waits w
+    ), backlogged AS (
+        SELECT m.tenant_id, m.tier, greatest(max(m.s) FILTER (WHERE m.starts_backlog), b.t0)
+                   AS since
+        FROM marked m, bounds b
+        GROUP BY m.tenant_id, m.tier, b.t0, b.t1
+        HAVING max(m.e) >= b.t1
+    ), spans AS (
+        SELECT k.tenant_id, k.tier, max(k.since) OVER (PARTITION BY k.tier) AS tier_since,
+               max(k.since) OVER () AS all_since
+        FROM backlogged k
+    ), served AS (
+        SELECT p.tenant_id, p.tier,
+               coalesce(sum(j.cost) FILTER (WHERE j.started_at >= p.tier_since), 0) AS c_tier,
+               coalesce(sum(j.cost) FILTER (WHERE j.started_at >= p.all_since), 0) AS c_all
+        FROM spans p
+        LEFT JOIN pgqueue.jobs j
+               ON j.tenant_id = p.tenant_id AND j.priority = p.tier
+              AND j.started_at >= least(p.tier_since, p.all_since)
+              -- implied (every span starts in the window), and lets the join read only the
+              -- window's jobs by jobs_started_at_idx, not sort the whole table (3 s at 1M)
+              AND j.started_at >= (SELECT b.t0 FROM bounds b)
+        GROUP BY p.tenant_id, p.tier
+    ), per_tenant AS (
+        SELECT s.tier, s.tenant_id, s.c_tier AS c, pgqueue.tenant_quantum(s.tenant_id) AS q
+        FROM served s
+        UNION ALL
+        SELECT NULL, s.tenant_id, sum(s.c_all), pgqueue.tenant_quantum(s.tenant_id)
+        FROM served s
+        GROUP BY s.tenant_id
     )
     SELECT p.tier, count(*),
-           CASE WHEN sum((p.c / p.q) ^ 2) > 0
-                THEN least(1.0, sum(p.c / p.q) ^ 2 / (count(*) * sum((p.c / p.q) ^ 2)))
-                ELSE 1.0 END,
-           CASE WHEN sum(p.c ^ 2) > 0
-                THEN least(1.0, sum(p.c) ^ 2 / (count(*) * sum(p.c ^ 2)))
-                ELSE 1.0 END
+           CASE WHEN count(*) >= 2 AND sum(p.c / p.q) >= count(*)
+                THEN least(1.0, sum(p.c / p.q) ^ 2 / (count(*) * sum((p.c / p.q) ^ 2))) END,
+           CASE WHEN count(*) >= 2 AND sum(p.c / p.q) >= count(*)
+                THEN least(1.0, sum(p.c) ^ 2 / (count(*) * sum(p.c ^ 2))) END
     FROM per_tenant p
     GROUP BY p.tier
 $$;
