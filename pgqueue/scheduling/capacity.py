@@ -1,0 +1,155 @@
+"""How the tiers of one lane share its provider's capacity: the pure reference of the rule.
+
+The binding resource of a lane is its input-token bucket (a provider limit of ``capacity``
+tokens per minute, refilled continuously). :class:`TierShares` splits it between the tiers:
+
+- **Guarantees.** While a tier is backlogged, its *guarantee* ``g`` grows at its weight's
+  share of the refill rate (critical 70, standard 25, batch 5, among the backlogged tiers).
+  The guaranteed tokens stay in the bucket for that tier: nobody else may take them. What a
+  tier holds beyond its head job's need, when it had no slot to send it, goes back to the
+  free tokens; a tier that empties loses its guarantee (no banking, as DRR drops an idle
+  tenant's deficit). Σ g never exceeds the bucket's level.
+- **Admission.** A tier's head job needing ``n`` tokens may be sent now if ``g ≥ n`` (paid
+  from its guarantee), or if its guarantee plus the unreserved tokens (``free`` = level − Σ g)
+  cover ``n`` and leave the *trunk reserve* in place: ``g + free − n ≥ reserve``. The
+  reserve is kept only by tiers below an idle higher tier (a backlogged higher tier has its own
+  guarantee growing), and never more than ``capacity − n``, so any job that fits the bucket
+  is eventually admitted.
+- **Pick.** Among the tiers whose head is admissible, the highest goes first: a higher tier's
+  job that fits never waits behind a lower tier's job that does not, and the guarantees keep
+  each backlogged tier's share from being taken by those above it.
+
+Why this rule. Shares counted in dispatches (the SWRR of :mod:`~pgqueue.scheduling.tiers`)
+let a 7,000-token standard job at the head of the order hold a 500-token critical job until
+the bucket refills; guarantees are weighted fair queuing in the resource itself (A. Demers,
+S. Keshav and S. Shenker, SIGCOMM 1989; for LLM serving in tokens, Y. Sheng et al., "Fairness
+in Serving Large Language Models", OSDI 2024), and the reserve is trunk reservation (as in
+telephone networks: a lower class is admitted only while the trunk keeps a margin of free
+circuits; F. P. Kelly, "Loss Networks", Ann. Appl. Probab. 1991): work-conserving tiers would
+otherwise drain the bucket to zero whenever critical is idle, and the next critical job would
+wait for the refill. In steady state the reserve costs no throughput: the refill rate is the
+same. Pure: every time is a float of seconds on a clock injected by the caller.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from pgqueue.models import Tier
+from pgqueue.scheduling.tiers import DEFAULT_TIER_WEIGHTS
+
+__all__ = ["DEFAULT_RESERVE_FRACTION", "TierShares"]
+
+#: Default trunk reserve, as a fraction of the bucket's capacity (1/8: 5,000 of 40,000).
+DEFAULT_RESERVE_FRACTION = 0.125
+
+_ORDER: tuple[Tier, ...] = tuple(Tier)
+
+
+@dataclass(slots=True)
+class TierShares:
+    """One lane's token bucket and its tiers' guarantees (tokens).
+
+    ``capacity``: tokens per minute (the bucket's size; refill ``capacity / 60`` per second).
+    ``level``: tokens in the bucket at time ``at`` (seconds). ``reserve``: the trunk reserve
+    in tokens (default :data:`DEFAULT_RESERVE_FRACTION` of the capacity). ``weights``: each
+    tier's share, > 0. Raises ``ValueError`` for a capacity, level or reserve out of range or
+    a missing or non-positive weight.
+    """
+
+    capacity: float
+    level: float
+    at: float
+    reserve: float | None = None
+    weights: Mapping[Tier, float] = field(default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS))
+    guarantee: dict[Tier, float] = field(default_factory=lambda: dict.fromkeys(_ORDER, 0.0))
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.capacity) and self.capacity > 0):
+            raise ValueError(f"capacity must be finite and > 0, got {self.capacity!r}")
+        if not (0 <= self.level <= self.capacity):
+            raise ValueError(f"level must be in [0, capacity], got {self.level!r}")
+        if self.reserve is None:
+            self.reserve = DEFAULT_RESERVE_FRACTION * self.capacity
+        if not (0 <= self.reserve < self.capacity):
+            raise ValueError(f"reserve must be in [0, capacity), got {self.reserve!r}")
+        for tier in _ORDER:
+            weight = self.weights.get(tier, 0.0)
+            if not (math.isfinite(weight) and weight > 0):
+                raise ValueError(f"weight of {tier.value!r} must be finite and > 0")
+
+    @classmethod
+    def full(cls, per_minute: float, now: float, reserve: float | None = None) -> TierShares:
+        """A full bucket of ``per_minute`` tokens at ``now``, no guarantees."""
+        return cls(per_minute, per_minute, now, reserve)
+
+    @property
+    def free(self) -> float:
+        """Tokens in the bucket that no tier's guarantee holds."""
+        return self.level - math.fsum(self.guarantee.values())
+
+    def _reserve_for(self, tier: Tier, need: float, backlogged: Mapping[Tier, float]) -> float:
+        """The reserve ``tier`` must leave: kept for an idle higher tier, capped so that a job
+        that fits the bucket can still be admitted."""
+        higher = _ORDER[: _ORDER.index(tier)]
+        if all(t in backlogged for t in higher):
+            return 0.0
+        assert self.reserve is not None
+        return max(0.0, min(self.reserve, self.capacity - need))
+
+    def advance(self, now: float, backlogged: Mapping[Tier, float]) -> None:
+        """Refill the bucket up to ``now`` and grow the guarantees.
+
+        ``backlogged`` maps each tier with queued work to its head job's need in tokens; the
+        guarantees of the other tiers are dropped, and those above the head's need are cut
+        back to it. Guarantees grow by ``weight / Σ backlogged weights × rate × elapsed``
+        each, highest tier first, from the free tokens (a lower tier leaves its reserve). A
+        clock that went back adds nothing.
+        """
+        elapsed = max(0.0, now - self.at)
+        rate = self.capacity / 60.0
+        self.level = min(self.capacity, self.level + rate * elapsed)
+        self.at = max(self.at, now)
+        for tier in _ORDER:
+            if tier not in backlogged:
+                self.guarantee[tier] = 0.0
+            else:  # a guarantee above the head's need was not used: its tier had no slot
+                self.guarantee[tier] = min(self.guarantee[tier], backlogged[tier])
+        total_weight = math.fsum(self.weights[t] for t in backlogged)
+        for tier in _ORDER:
+            if tier not in backlogged:
+                continue
+            grow = min(
+                self.weights[tier] / total_weight * rate * elapsed,
+                self.free - self._reserve_for(tier, backlogged[tier], backlogged),
+            )
+            if grow > 0:
+                self.guarantee[tier] += grow
+
+    def admissible(self, tier: Tier, need: float, backlogged: Mapping[Tier, float]) -> bool:
+        """Whether ``tier``'s head job needing ``need`` tokens may be sent now (see the module
+        docstring); ``backlogged`` as for :meth:`advance`."""
+        if need > self.level:
+            return False
+        held = self.guarantee[tier]
+        if held >= need:
+            return True
+        return held + self.free - need >= self._reserve_for(tier, need, backlogged)
+
+    def take(self, tier: Tier, need: float) -> None:
+        """Charge an admitted job: the bucket loses ``need`` tokens, paid first from the tier's
+        guarantee. Raises ``ValueError`` if the bucket holds fewer than ``need`` tokens."""
+        if need > self.level:
+            raise ValueError(f"cannot take {need!r} tokens from a bucket at {self.level!r}")
+        self.level -= need
+        self.guarantee[tier] = max(0.0, self.guarantee[tier] - need)
+
+    def pick(self, heads: Mapping[Tier, float]) -> Tier | None:
+        """The tier to send next among ``heads`` (tier → its head job's need, the backlogged
+        tiers): the highest whose head is admissible, or ``None`` when none is."""
+        for tier in _ORDER:
+            if tier in heads and self.admissible(tier, heads[tier], heads):
+                return tier
+        return None
