@@ -219,6 +219,9 @@ def sandbox(
         str | None, typer.Option(help="retry-after of those answers.")
     ] = None,
     seed: int = 0,
+    batch_processing_seconds: Annotated[
+        float, typer.Option(help="How long a Message Batch stays in progress, 0 to 1e9.")
+    ] = 0.0,
 ) -> None:
     """Run the local Messages-API-compatible server (set ANTHROPIC_BASE_URL to it)."""
     from pgqueue.errors import InvalidArgument
@@ -232,6 +235,7 @@ def sandbox(
     int_in_range("--fail-status", fail_status, 400, 599)
     finite_in_range("--overload-rate", overload_rate, 0.0, 1.0)
     finite_in_range("--seconds-per-output-token", seconds_per_output_token, 0.0, _MAX_SECONDS)
+    finite_in_range("--batch-processing-seconds", batch_processing_seconds, 0.0, _MAX_SECONDS)
     try:
         config = SandboxConfig(
             requests_per_minute=rpm,
@@ -243,6 +247,7 @@ def sandbox(
             fail_status=fail_status,
             fail_retry_after=fail_retry_after,
             seed=seed,
+            batch_processing_seconds=batch_processing_seconds,
         )
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None

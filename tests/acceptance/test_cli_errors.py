@@ -464,6 +464,7 @@ _FLOAT_OPTIONS = [
     (["metrics"], "--refresh-seconds", "between 0 and 1e9", ["-1", "2e9"]),
     (["sandbox"], "--overload-rate", "between 0 and 1", ["-0.1", "1.5"]),
     (["sandbox"], "--seconds-per-output-token", "between 0 and 1e9", ["-1", "2e9"]),
+    (["sandbox"], "--batch-processing-seconds", "between 0 and 1e9", ["-1", "2e9"]),
     (["replay"], "--speedup", "of at least 0.01", ["0"]),
     (["replay"], "--rate-scale", "between 0.01 and 2e7", ["0", "3e7"]),
     (["demo"], "--speedup", "of at least 0.01", ["0"]),
