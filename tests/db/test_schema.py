@@ -97,7 +97,7 @@ def test_upgrade_from_0030_keeps_every_row(db_dsn, empty_db_dsn):
     before = _rows(empty_db_dsn)
     migrate.upgrade(empty_db_dsn)
     after = _rows(empty_db_dsn)
-    assert after == before
+    assert {table: after[table] for table in before} == before  # later revisions add tables
     assert len(before) == 11
     assert all(count > 0 for count, _digest in before.values()), before
     assert before["jobs"][0] == 59
