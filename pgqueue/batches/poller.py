@@ -211,8 +211,13 @@ class BatchPoller:
             line.model_dump(mode="json")
             async for line in await self.client.messages.batches.results(provider_batch_id)
         ]
-        policy = self.settings.batches_expired
-        await self._finish(batch_id, jobs, [finish(line, policy) for line in lines])
+        fates = []
+        for line in lines:
+            try:
+                fates.append(finish(line, self.settings.batches_expired))
+            except ValueError as exc:  # not a request of ours: nothing to finish
+                log.warning("batches: batch %s: %s", batch_id, exc)
+        await self._finish(batch_id, jobs, fates)
 
     async def _finish(self, batch_id: int, jobs: list[dict[str, Any]], fates: list[Finish]) -> None:
         """Every job's outcome, the batch's counts and its end, in one transaction. Each job

@@ -7,6 +7,7 @@ is submitted twice (the sandbox counts submissions per ``custom_id``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import urllib.request
@@ -262,3 +263,28 @@ async def test_a_killed_workers_batch_is_finished_by_another(db_dsn: str, tmp_pa
     assert sent["requests"] == 60 and sent["max_submissions_per_custom_id"] == 1
     states = rows(db_dsn, "SELECT state::text FROM pgqueue.jobs")
     assert Counter(r["state"] for r in states) == {"succeeded": 60}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_cancelling_every_job_of_a_batch_cancels_it_at_the_provider(db_dsn: str) -> None:
+    ids = enqueue(db_dsn, 4, tenants=TENANTS[:1])
+    with running_sandbox(SandboxConfig(batch_processing_seconds=3600)) as base_url:
+        worker = asyncio.create_task(run_burst(db_dsn, settings(base_url)))
+        await asyncio.to_thread(
+            wait_until,
+            lambda: rows(db_dsn, "SELECT 1 FROM pgqueue.batches WHERE state = 'submitted'"),
+            timeout=120,
+            what="a submitted batch",
+        )
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            for job_id in ids:
+                conn.execute("SELECT pgqueue.cancel(%s, NULL, 'not needed')", (job_id,))
+        await asyncio.wait_for(worker, 120)  # the batch ends canceled: the burst worker exits
+        sent = sandbox_get(base_url, "/_sandbox/batches/stats")
+
+    [batch] = rows(db_dsn, "SELECT * FROM pgqueue.batches")
+    assert (batch["state"], batch["canceled"], batch["succeeded"]) == ("ended", 4, 0)
+    assert sent["requests"] == 4
+    states = rows(db_dsn, "SELECT state::text, last_error FROM pgqueue.jobs")
+    assert states == [{"state": "cancelled", "last_error": "cancelled: not needed"}] * 4
