@@ -8,6 +8,7 @@ is submitted twice (the sandbox counts submissions per ``custom_id``).
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import signal
 import urllib.request
@@ -19,10 +20,12 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 from pydantic import SecretStr
+from rich.console import Console
 
 import pgqueue
 from pgqueue.batches import poller
 from pgqueue.batches.lane import set_lane
+from pgqueue.observability.report import collect_status, render_status
 from pgqueue.sandbox import SandboxConfig, running_sandbox
 from pgqueue.settings import Settings
 from pgqueue.worker.runtime import Worker
@@ -117,6 +120,19 @@ async def test_a_thousand_jobs_of_five_tenants_go_in_batches(db_dsn: str) -> Non
     assert sum(b["succeeded"] for b in batches) == 1000
     assert sum(b["input_tokens"] for b in batches) == 12_000
     assert all(b["provider_batch_id"] and b["submitted_at"] and b["ended_at"] for b in batches)
+
+    # status: the lane's tokens and the cost saved, 50 % of 12k input tokens at $3/M and
+    # 8k output tokens at $15/M
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        status = collect_status(conn, settings=Settings())
+    lane = status["batches"]
+    shown = io.StringIO()
+    render_status(status, Console(file=shown, width=250))
+    assert "Batches lane: " in shown.getvalue()
+    assert "1,000 succeeded" in shown.getvalue()
+    assert "estimated cost saved $0.08" in shown.getvalue()
+    assert (lane["requests"], lane["succeeded"], lane["output_tokens"]) == (1000, 1000, 8000)
+    assert lane["cost_saved_usd"] == pytest.approx(0.5 * (12_000 * 3 + 8_000 * 15) / 1e6)
 
     # DRR order among tenants: the first batch holds every tenant's share, within one
     # quantum (5 cost units; each job costs 1) plus one job of each other.
