@@ -294,7 +294,7 @@ def replay(
 ) -> None:
     """Enqueue a real trace at its recorded arrival times (run `pgqueue work` beside it), or
     measure the whole path against the sandbox with --against-sandbox."""
-    from pgqueue.replay import replay_plan
+    from pgqueue.replay import batch_lane_savings, replay_plan
     from pgqueue.trace import load_trace, plan_replay, summarize_plan
 
     int_in_range("--limit", limit, 1, _INT64_MAX)
@@ -345,6 +345,13 @@ def replay(
     console.print(
         f"enqueued {stats.jobs} jobs in {stats.batches} round trips over "
         f"{stats.elapsed_seconds:.1f} s (worst lag {stats.max_lag_seconds * 1000:.0f} ms)"
+    )
+    lane = batch_lane_savings(plan, settings)
+    console.print(
+        f"batch tier: {lane['jobs']} jobs, {lane['input_tokens']:,} input / "
+        f"{lane['output_tokens']:,} output tokens; through the batches lane an estimated "
+        f"${lane['cost_saved_usd']:,.2f} saved (docs/batches.md)",
+        markup=False,
     )
 
 
