@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from prometheus_client import generate_latest
 from psycopg.rows import dict_row
 from pydantic import SecretStr
 from rich.console import Console
@@ -25,6 +26,7 @@ from rich.console import Console
 import pgqueue
 from pgqueue.batches import poller
 from pgqueue.batches.lane import set_lane
+from pgqueue.observability.metrics import database_registry
 from pgqueue.observability.report import collect_status, render_status
 from pgqueue.sandbox import SandboxConfig, running_sandbox
 from pgqueue.settings import Settings
@@ -133,6 +135,11 @@ async def test_a_thousand_jobs_of_five_tenants_go_in_batches(db_dsn: str) -> Non
     assert "estimated cost saved $0.08" in shown.getvalue()
     assert (lane["requests"], lane["succeeded"], lane["output_tokens"]) == (1000, 1000, 8000)
     assert lane["cost_saved_usd"] == pytest.approx(0.5 * (12_000 * 3 + 8_000 * 15) / 1e6)
+
+    scraped = generate_latest(database_registry(db_dsn)).decode()
+    assert 'pgqueue_batches_tokens_total{direction="input"} 12000.0' in scraped
+    assert 'pgqueue_batches_requests_total{result="succeeded"} 1000.0' in scraped
+    assert "pgqueue_batches_cost_saved_usd 0.078" in scraped
 
     # DRR order among tenants: the first batch holds every tenant's share, within one
     # quantum (5 cost units; each job costs 1) plus one job of each other.
