@@ -121,3 +121,14 @@ FROM pgqueue.batches
 
 -- name: batch_open_count :one
 SELECT count(*) AS open FROM pgqueue.batches WHERE state <> 'ended'
+
+-- name: batch_lane_list :many
+SELECT tenant_id, enabled FROM pgqueue.batch_lane ORDER BY tenant_id
+
+-- name: batch_list :many
+-- The newest batches first.
+SELECT id, state, provider_batch_id, requests, succeeded, errored, expired, canceled,
+       submitted_at, ended_at
+FROM pgqueue.batches
+ORDER BY id DESC
+LIMIT %(limit)s
