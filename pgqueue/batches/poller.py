@@ -293,32 +293,3 @@ class BatchPoller:
             "job_retry",
             {**key, "permanent": f.action == "fail", "delay_seconds": delay, "error": f.error},
         )
-
-
-def start_poller(
-    pool: AsyncConnectionPool[Any],
-    settings: Settings,
-    worker_id: str,
-    rng: random.Random,
-    stop: asyncio.Event,
-) -> asyncio.Task[None] | None:
-    """The worker's poller task (every ``poll_interval_seconds``), or None on a worker
-    without an Anthropic API key (other workers then carry the lane)."""
-    from pgqueue.handlers.anthropic import api_key
-
-    try:
-        key = api_key(settings)
-    except OSError:
-        key = None
-    if not key:
-        return None
-    client = anthropic.AsyncAnthropic(
-        api_key=key,
-        base_url=settings.anthropic_base_url,
-        max_retries=0,
-        timeout=settings.provider_timeout_seconds,
-    )
-    poller = BatchPoller(pool, client, settings, worker_id, rng)
-    return asyncio.create_task(
-        poller.loop(stop, settings.poll_interval_seconds), name="pgqueue-batches"
-    )

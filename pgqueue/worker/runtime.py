@@ -30,6 +30,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from pgqueue.batches.lane import open_batches, park_claimed
+from pgqueue.batches.startup import start_poller
 from pgqueue.db import queries
 from pgqueue.db.migrate import check_schema
 from pgqueue.handlers.anthropic import KIND as ANTHROPIC_KIND
@@ -240,8 +241,6 @@ class Worker:
                     upkeep.vacuum_loop(self._pool, vacuum_every, self._rng), name="pgqueue-vacuum"
                 )
             )
-        from pgqueue.batches.poller import start_poller
-
         poller = start_poller(self._pool, self.settings, self.worker_id, self._rng, self._stop)
         if poller is not None:
             background.append(poller)

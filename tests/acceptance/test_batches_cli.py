@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import psycopg
 from typer.testing import CliRunner
 
@@ -29,10 +31,10 @@ def test_on_off_per_tenant_and_list(db_dsn: str) -> None:
         conn.execute("INSERT INTO pgqueue.batches (requests) VALUES (3)")
     assert lanes == [("", True), ("acme", False)]
     assert takes == (False, True, False, False)
-    listed = runner.invoke(app, ["batches", "list", "--dsn", db_dsn], env={"COLUMNS": "200"})
+    listed = runner.invoke(app, ["batches", "list", "--dsn", db_dsn])
     assert listed.exit_code == 0, listed.output
     assert listed.stdout.splitlines()[0] == "lane: (every tenant) on, acme off"
-    assert "collecting" in listed.stdout
+    assert re.search(r"│ 1 +│ coll", listed.stdout), listed.stdout  # the console's width varies
 
 
 def test_a_bad_tenant_is_one_line_and_exit_2(db_dsn: str) -> None:

@@ -765,6 +765,7 @@ _INT_OPTIONS = [
     (["simulate"], "--workers", "1 to 10000", ["0", "10001"]),
     (["simulate"], "--normal-cap", "0 to 2^63-1", ["-1", "9223372036854775808"]),
     (["simulate"], "--urgent-cap", "0 to 2^63-1", ["-1", "9223372036854775808"]),
+    (["batches", "list"], "--limit", "1 to 2^63-1", ["0", "9223372036854775808"]),
 ]
 
 
@@ -806,7 +807,12 @@ def test_no_int_option_is_left_to_typer():
         ("simulate", "--seed"),
         ("cancel", "--job-id"),
     }
-    names = {"tenants": "tenants_", "admission": "admission_", "limits": "limits_"}
+    names = {
+        "tenants": "tenants_",
+        "admission": "admission_",
+        "limits": "limits_",
+        "batches": "batches_",
+    }
     checked = {
         (names.get(command[0], "") + (command[1] if command[0] in names else command[0]), option)
         for command, option, _, _ in _INT_OPTIONS
