@@ -156,10 +156,28 @@ class BatchPoller:
         if not live:  # every job was cancelled before the call
             await self._finish(batch_id, jobs, [])
             return
-        made = await self.client.messages.batches.create(
-            requests=[{"custom_id": str(j["id"]), "params": j["payload"]} for j in live]
-        )
+        try:
+            made = await self.client.messages.batches.create(
+                requests=[{"custom_id": str(j["id"]), "params": j["payload"]} for j in live]
+            )
+        except anthropic.APIStatusError as exc:
+            if exc.status_code in (408, 409, 429) or exc.status_code >= 500:
+                raise  # maybe created, or try later: reconciled at the next take
+            await self._refused(batch_id, live, f"HTTP {exc.status_code}: {exc.message}")
+            return
         await self._submitted(batch_id, made.id)
+
+    async def _refused(self, batch_id: int, live: list[dict[str, Any]], error: str) -> None:
+        """The provider refused the batch (a 4xx: nothing was created): its jobs follow the
+        usual retry policy (back to the queue after a backoff, into a new batch; failed once
+        their attempts are spent) and the batch ends with the error."""
+        log.warning("batches: batch %s refused (%s); its jobs are retried", batch_id, error)
+        text = f"batch refused: {error}"[:2000]
+        async with self.pool.connection() as conn, conn.transaction():
+            for job in live:
+                f = Finish(int(job["id"]), "errored", "retry", error=text)
+                await self._write_other(conn, f, job)
+            await queries.arun(conn, "batch_refused", {"id": batch_id, "error": text})
 
     async def _submitted(self, batch_id: int, provider_batch_id: str) -> None:
         async with self.pool.connection() as conn:

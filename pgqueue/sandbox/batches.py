@@ -11,9 +11,10 @@ clock after creation, then ends, and only then are its results and counts known 
 API's counts are zero until the batch ends). Cancelling an unfinished batch makes it
 ``canceling``; it ends, every request ``canceled``, at the next look. The fault mode
 (``POST /_sandbox/batches/faults``) makes the next N requests submitted end ``errored``
-(a retryable ``api_error``) or ``expired``. The store counts submissions per ``custom_id``
-across batches (``GET /_sandbox/batches/stats``), so a test can prove no request was sent
-twice. Batch requests have their own limits: they do not touch the Messages API limiter.
+(a retryable ``api_error``) or ``expired``, or refuses the next N creates (400). The store
+counts submissions per ``custom_id`` across batches (``GET /_sandbox/batches/stats``), so a
+test can prove no request was sent twice. Batch requests have their own limits: they do not
+touch the Messages API limiter.
 """
 
 from __future__ import annotations
@@ -88,13 +89,16 @@ class BatchStore:
         self.batches: dict[str, SandboxBatch] = {}
         self.submissions: Counter[str] = Counter()
         self.pending_faults: list[Outcome] = []
+        self.refusals = 0
 
-    def queue_faults(self, errored: int, expired: int) -> int:
+    def queue_faults(self, errored: int, expired: int, refused: int = 0) -> int:
         """The next ``errored`` requests submitted end errored, the ``expired`` after them
-        expired. Returns the faults now pending."""
+        expired; the next ``refused`` creates are answered 400. Returns the faults now
+        pending."""
         faults: list[Outcome] = ["errored"] * errored
         self.pending_faults.extend(faults + ["expired"] * expired)
-        return len(self.pending_faults)
+        self.refusals += refused
+        return len(self.pending_faults) + self.refusals
 
     def create(self, requests: list[dict[str, Any]]) -> SandboxBatch:
         """Store a new batch of valid-shaped requests (see :func:`create_problem`)."""
@@ -194,7 +198,7 @@ class BatchStore:
             "requests": sum(self.submissions.values()),
             "max_submissions_per_custom_id": max(self.submissions.values(), default=0),
             "duplicates": sorted(k for k, n in self.submissions.items() if n > 1),
-            "pending_faults": len(self.pending_faults),
+            "pending_faults": len(self.pending_faults) + self.refusals,
         }
 
 
@@ -247,6 +251,9 @@ def batch_routes(
         problem = create_problem(body)
         if problem is not None or not isinstance(body, dict):
             return error(400, problem or "invalid request")
+        if store.refusals > 0:
+            store.refusals -= 1
+            return error(400, "Scripted sandbox refusal of a batch.")
         batch = store.create(body["requests"])
         return JSONResponse(store.view(batch, str(request.base_url)))
 
@@ -302,11 +309,11 @@ def batch_routes(
     async def faults(request: Request) -> Response:
         body = await body_of(request)
         counts = body if isinstance(body, dict) else {}
-        errored, expired = counts.get("errored", 0), counts.get("expired", 0)
-        for value in (errored, expired):
+        errored, expired, refused = (counts.get(k, 0) for k in ("errored", "expired", "refused"))
+        for value in (errored, expired, refused):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                return error(400, "errored / expired: must be integers >= 0")
-        return JSONResponse({"pending": store.queue_faults(errored, expired)})
+                return error(400, "errored / expired / refused: must be integers >= 0")
+        return JSONResponse({"pending": store.queue_faults(errored, expired, refused)})
 
     async def stats(request: Request) -> Response:
         return JSONResponse(store.stats())

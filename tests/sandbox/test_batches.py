@@ -175,3 +175,14 @@ def test_batches_need_auth_and_a_request_list(make_harness: MakeHarness) -> None
     assert "requests: field required" in made.text
     assert h.http.get("/v1/messages/batches").status_code == 401
     assert h.http.post("/v1/messages/batches", json={"requests": requests(1)}).status_code == 401
+
+
+def test_fault_mode_refuses_the_next_create(make_harness: MakeHarness) -> None:
+    h = make_harness()
+    assert h.http.post("/_sandbox/batches/faults", json={"refused": 1}).json() == {"pending": 1}
+    with pytest.raises(anthropic.BadRequestError, match="refusal"):
+        h.sdk.messages.batches.create(requests=requests(2))
+    assert h.sdk.messages.batches.create(requests=requests(2)).request_counts.succeeded == 2
+    assert h.http.get("/_sandbox/batches/stats").json()["requests"] == 2
+    bad = h.http.post("/_sandbox/batches/faults", json={"refused": -1})
+    assert bad.status_code == 400

@@ -311,3 +311,23 @@ async def test_cancelling_every_job_of_a_batch_cancels_it_at_the_provider(db_dsn
     assert sent["requests"] == 4
     states = rows(db_dsn, "SELECT state::text, last_error FROM pgqueue.jobs")
     assert states == [{"state": "cancelled", "last_error": "cancelled: not needed"}] * 4
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_a_refused_batch_retries_its_jobs_in_a_new_one(db_dsn: str) -> None:
+    """The provider answers the create 400 (nothing created): the batch ends with the error
+    and its jobs follow the retry policy into a new batch, instead of staying parked."""
+    enqueue(db_dsn, 3, tenants=TENANTS[:1])
+    with running_sandbox() as base_url:
+        sandbox_post(base_url, "/_sandbox/batches/faults", {"refused": 1})
+        await run_burst(db_dsn, settings(base_url))
+        sent = sandbox_get(base_url, "/_sandbox/batches/stats")
+
+    refused, done = rows(db_dsn, "SELECT * FROM pgqueue.batches ORDER BY id")
+    assert (refused["state"], refused["provider_batch_id"]) == ("ended", None)
+    assert refused["last_error"].startswith("batch refused: HTTP 400")
+    assert (done["state"], done["succeeded"]) == ("ended", 3)
+    assert sent["batches"] == 1 and sent["requests"] == 3 and sent["duplicates"] == []
+    jobs = rows(db_dsn, "SELECT state::text, attempts FROM pgqueue.jobs")
+    assert jobs == [{"state": "succeeded", "attempts": 2}] * 3

@@ -132,3 +132,9 @@ SELECT id, state, provider_batch_id, requests, succeeded, errored, expired, canc
 FROM pgqueue.batches
 ORDER BY id DESC
 LIMIT %(limit)s
+
+-- name: batch_refused :exec
+-- The provider refused the batch (nothing created): it ends with the error, no counts.
+UPDATE pgqueue.batches
+SET state = 'ended', ended_at = now(), worker_id = NULL, last_error = %(error)s
+WHERE id = %(id)s
