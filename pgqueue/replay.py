@@ -12,11 +12,15 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 
 from pgqueue.batch import JobSpec
+from pgqueue.batches.outcomes import cost_saved_usd
 from pgqueue.enqueue import enqueue_many
+from pgqueue.models import Tier
+from pgqueue.scheduling.tiers import classify
 from pgqueue.settings import Settings
 from pgqueue.trace import PlannedJob
 
@@ -82,3 +86,27 @@ async def replay_plan(
             if on_batch is not None:
                 on_batch(index)
     return ReplayStats(len(ordered), batches, clock() - start, max_lag, tuple(ids))
+
+
+def batch_lane_savings(plan: Sequence[PlannedJob], settings: Settings) -> dict[str, Any]:
+    """What the batches lane would save on ``plan``: its batch-tier jobs (classified as at
+    enqueue, no demotion), their planned tokens (prompt and ``max_tokens``), and
+    ``cost_saved_usd`` (:func:`pgqueue.batches.outcomes.cost_saved_usd` at the settings'
+    prices and discount). An estimate from the plan, not from answers."""
+    batch = [
+        job for job in plan if classify(job.origin, job.sla_seconds, demoted=False) is Tier.BATCH
+    ]
+    input_tokens = sum(job.input_tokens for job in batch)
+    output_tokens = sum(job.output_tokens for job in batch)
+    return {
+        "jobs": len(batch),
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cost_saved_usd": cost_saved_usd(
+            input_tokens,
+            output_tokens,
+            input_usd_per_mtok=settings.price_input_usd_per_mtok,
+            output_usd_per_mtok=settings.price_output_usd_per_mtok,
+            discount=settings.batches_discount,
+        ),
+    }

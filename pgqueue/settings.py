@@ -8,6 +8,7 @@ the GUCs ``pgqueue.max_payload_bytes`` and ``pgqueue.require_known_tenant``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -117,6 +118,30 @@ class Settings(BaseSettings):
         default=5.0, gt=0, description="First retry delay ceiling; doubles per attempt."
     )
     backoff_cap_seconds: float = Field(default=300.0, gt=0)
+
+    # --- the batches lane (docs/batches.md); on/off per tenant is in pgqueue.batch_lane
+    batches_max_requests: int = Field(
+        default=10_000, ge=1, le=100_000, description="A batch is sealed at this many requests."
+    )
+    batches_max_age_seconds: float = Field(
+        default=600.0, ge=0, le=86_400, description="...or when its first job is this old."
+    )
+    batches_poll_seconds: float = Field(
+        default=30.0, gt=0, le=86_400, description="How often a submitted batch is polled."
+    )
+    batches_expired: Literal["messages", "failed"] = Field(
+        default="messages",
+        description="An expired batch request goes to the Messages API lane, or fails.",
+    )
+    batches_discount: float = Field(
+        default=0.5, ge=0, le=1, description="The Batches API's discount on token prices."
+    )
+    price_input_usd_per_mtok: float = Field(
+        default=3.0, ge=0, description="Messages API price of input tokens (cost saved)."
+    )
+    price_output_usd_per_mtok: float = Field(
+        default=15.0, ge=0, description="Messages API price of output tokens (cost saved)."
+    )
 
     # --- provider
     anthropic_base_url: str | None = Field(

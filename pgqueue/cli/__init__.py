@@ -2,9 +2,9 @@
 
 The commands live in :mod:`pgqueue.cli.admin` (schema, roles, status, tenants, limits,
 admission), :mod:`pgqueue.cli.jobs` (enqueue, retry, cancel, prune), :mod:`pgqueue.cli.browse`
-(jobs list, jobs show, dashboard), :mod:`pgqueue.cli.run`
-(work, metrics, sandbox, replay, demo) and :mod:`pgqueue.cli.experiments` (bench,
-simulate); this module holds the app, the shared options and the error handling.
+(jobs list, jobs show, dashboard), :mod:`pgqueue.cli.run` (work, metrics, sandbox, replay, demo),
+:mod:`pgqueue.cli.experiments` (bench, simulate) and :mod:`pgqueue.cli.batches` (the batches
+lane); this module holds the app, the shared options and the error handling.
 
 Every command goes through :func:`cli_errors`, so a user error prints one line and exits 2, an
 environment problem (database unreachable, schema missing) prints one line and exits 1, and
@@ -366,5 +366,5 @@ def main(
 # The commands register themselves on `app` when imported.
 # Registered in this order, which is the order of `pgqueue --help`.
 # isort: off
-from pgqueue.cli import admin, jobs, browse, run, experiments, embedded  # noqa: E402, F401
+from pgqueue.cli import admin, jobs, browse, run, experiments, embedded, batches  # noqa: E402, F401
 # isort: on

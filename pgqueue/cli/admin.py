@@ -99,7 +99,7 @@ def status(
 
     def snapshot() -> dict[str, Any]:
         with psycopg.connect(target, autocommit=True) as conn:
-            return collect_status(conn, window_seconds=window)
+            return collect_status(conn, window_seconds=window, settings=_settings())
 
     if as_json:
         sys.stdout.write(json.dumps(snapshot(), default=str) + "\n")

@@ -219,6 +219,9 @@ def sandbox(
         str | None, typer.Option(help="retry-after of those answers.")
     ] = None,
     seed: int = 0,
+    batch_processing_seconds: Annotated[
+        float, typer.Option(help="How long a Message Batch stays in progress, 0 to 1e9.")
+    ] = 0.0,
 ) -> None:
     """Run the local Messages-API-compatible server (set ANTHROPIC_BASE_URL to it)."""
     from pgqueue.errors import InvalidArgument
@@ -232,6 +235,7 @@ def sandbox(
     int_in_range("--fail-status", fail_status, 400, 599)
     finite_in_range("--overload-rate", overload_rate, 0.0, 1.0)
     finite_in_range("--seconds-per-output-token", seconds_per_output_token, 0.0, _MAX_SECONDS)
+    finite_in_range("--batch-processing-seconds", batch_processing_seconds, 0.0, _MAX_SECONDS)
     try:
         config = SandboxConfig(
             requests_per_minute=rpm,
@@ -243,6 +247,7 @@ def sandbox(
             fail_status=fail_status,
             fail_retry_after=fail_retry_after,
             seed=seed,
+            batch_processing_seconds=batch_processing_seconds,
         )
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
@@ -289,7 +294,7 @@ def replay(
 ) -> None:
     """Enqueue a real trace at its recorded arrival times (run `pgqueue work` beside it), or
     measure the whole path against the sandbox with --against-sandbox."""
-    from pgqueue.replay import replay_plan
+    from pgqueue.replay import batch_lane_savings, replay_plan
     from pgqueue.trace import load_trace, plan_replay, summarize_plan
 
     int_in_range("--limit", limit, 1, _INT64_MAX)
@@ -340,6 +345,13 @@ def replay(
     console.print(
         f"enqueued {stats.jobs} jobs in {stats.batches} round trips over "
         f"{stats.elapsed_seconds:.1f} s (worst lag {stats.max_lag_seconds * 1000:.0f} ms)"
+    )
+    lane = batch_lane_savings(plan, settings)
+    console.print(
+        f"batch tier: {lane['jobs']} jobs, {lane['input_tokens']:,} input / "
+        f"{lane['output_tokens']:,} output tokens; through the batches lane an estimated "
+        f"${lane['cost_saved_usd']:,.2f} saved (docs/batches.md)",
+        markup=False,
     )
 
 

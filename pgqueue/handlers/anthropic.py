@@ -47,6 +47,12 @@ def _api_key(settings: Settings) -> str | None:
     return os.environ.get("ANTHROPIC_API_KEY")
 
 
+def api_key(settings: Settings) -> str | None:
+    """The Anthropic API key this process uses (settings, key file, ANTHROPIC_API_KEY), or
+    None. Raises ``OSError`` when the key file cannot be read. Never log it."""
+    return _api_key(settings)
+
+
 def _kept_headers(headers: Any) -> dict[str, str]:
     return {k.lower(): v for k, v in headers.items() if k.lower().startswith(_KEPT_HEADER_PREFIXES)}
 

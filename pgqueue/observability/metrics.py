@@ -33,8 +33,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from pgqueue.batches.outcomes import cost_saved_usd
 from pgqueue.db import queries
 from pgqueue.models import Deferred, Failed, Interrupted, Outcome, Succeeded, Throttled
+from pgqueue.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +227,7 @@ class DatabaseCollector(Collector):
         self._buckets = {tier: [0] * len(LATENCY_BUCKETS_SECONDS) for tier in TIERS}
         self._counts = dict.fromkeys(TIERS, 0)
         self._sums = dict.fromkeys(TIERS, 0.0)
+        self._settings = Settings()  # the prices of the cost saved by the batches lane
 
     def refresh(self, *, force: bool = False, raise_errors: bool = False) -> None:
         """Read the database now if the cache is older than ``refresh_seconds``.
@@ -274,7 +277,9 @@ class DatabaseCollector(Collector):
             for r in queries.run(conn, "metrics_input_tokens_by_tenant")
         }
         admission = {r["tier"]: r for r in queries.run(conn, "admission_status")}
+        lane = {k: float(v) for k, v in queries.run(conn, "batch_totals").items()}
         return {
+            "batches": lane,
             "depth": depth,
             "throttles": _cap(throttles, self._top),
             "demoted": float(demoted),
@@ -379,6 +384,7 @@ class DatabaseCollector(Collector):
         for tier, value in sorted(snap.get("caps", {}).items()):
             caps.add_metric([tier], value)
         yield caps
+        yield from self._batch_families(snap.get("batches", {}))
         yield CounterMetricFamily(
             "pgqueue_exporter_errors", "Failed database refreshes.", value=float(self._errors)
         )
@@ -386,6 +392,36 @@ class DatabaseCollector(Collector):
             "pgqueue_exporter_up",
             "1 when the last database refresh succeeded; 0: the other series hold old values.",
             value=1.0 if self._up else 0.0,
+        )
+
+    def _batch_families(self, lane: dict[str, float]) -> Iterator[Metric]:
+        """The batches lane: requests by result, tokens by direction, and the estimated cost
+        saved (docs/batches.md) at the price settings of this process."""
+        requests = CounterMetricFamily(
+            "pgqueue_batches_requests", "Requests of ended Message Batches.", labels=["result"]
+        )
+        for result in ("succeeded", "errored", "expired", "canceled"):
+            requests.add_metric([result], lane.get(result, 0.0))
+        yield requests
+        tokens = CounterMetricFamily(
+            "pgqueue_batches_tokens",
+            "Tokens of succeeded Message Batch requests.",
+            labels=["direction"],
+        )
+        for direction in ("input", "output"):
+            tokens.add_metric([direction], lane.get(f"{direction}_tokens", 0.0))
+        yield tokens
+        s = self._settings
+        yield GaugeMetricFamily(
+            "pgqueue_batches_cost_saved_usd",
+            "Estimated dollars the batches lane saved against the Messages API's prices.",
+            value=cost_saved_usd(
+                int(lane.get("input_tokens", 0)),
+                int(lane.get("output_tokens", 0)),
+                input_usd_per_mtok=s.price_input_usd_per_mtok,
+                output_usd_per_mtok=s.price_output_usd_per_mtok,
+                discount=s.batches_discount,
+            ),
         )
 
 

@@ -18,8 +18,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from pgqueue.batches.outcomes import cost_saved_usd
 from pgqueue.db import queries
 from pgqueue.models import Tier
+from pgqueue.settings import Settings
 
 
 def _num(value: Any) -> Any:
@@ -28,11 +30,16 @@ def _num(value: Any) -> Any:
 
 
 def collect_status(
-    conn: psycopg.Connection[Any], *, top: int = 10, window_seconds: float = 300.0
+    conn: psycopg.Connection[Any],
+    *,
+    top: int = 10,
+    window_seconds: float = 300.0,
+    settings: Settings | None = None,
 ) -> dict[str, Any]:
     """Depth per tier and state, oldest queued age per tier (seconds), p50/p95/p99 latency
-    per tier against the SLOs over ``window_seconds``, Jain's index, top tenants, demotions
-    and 429s in the last minute."""
+    per tier against the SLOs over ``window_seconds``, Jain's index, top tenants, demotions,
+    429s in the last minute, and the batches lane's totals with the estimated cost saved
+    (prices and discount from ``settings``, default ``Settings()``)."""
     depth = queries.run(conn, "report_depth")
     oldest = queries.run(conn, "report_oldest_queued")
     tenants = queries.run(conn, "report_top_tenants", {"since": None, "limit": top})
@@ -45,6 +52,7 @@ def collect_status(
     for r in depth:
         by_tier[r["tier"]][r["state"]] = int(r["jobs"])
     return {
+        "batches": batch_totals(conn, settings or Settings()),
         "depth": by_tier,
         "oldest_queued_seconds": {r["tier"]: _num(r["oldest_seconds"]) for r in oldest},
         "top_tenants": [{k: _num(v) for k, v in r.items()} for r in tenants],
@@ -61,6 +69,21 @@ def collect_status(
             for r in fairness
         },
     }
+
+
+def batch_totals(conn: psycopg.Connection[Any], settings: Settings) -> dict[str, Any]:
+    """The batches lane since the start: batches, requests, results by type, tokens of the
+    succeeded requests, and ``cost_saved_usd`` (:func:`pgqueue.batches.outcomes.cost_saved_usd`
+    at the settings' prices and discount)."""
+    totals = {k: int(v) for k, v in queries.run(conn, "batch_totals").items()}
+    saved = cost_saved_usd(
+        totals["input_tokens"],
+        totals["output_tokens"],
+        input_usd_per_mtok=settings.price_input_usd_per_mtok,
+        output_usd_per_mtok=settings.price_output_usd_per_mtok,
+        discount=settings.batches_discount,
+    )
+    return {**totals, "cost_saved_usd": round(saved, 6)}
 
 
 def collect_run_report(conn: psycopg.Connection[Any], since: datetime) -> dict[str, Any]:
@@ -208,3 +231,13 @@ def render_status(status: dict[str, Any], console: Console) -> None:
         f"429/529 in the last minute: {total}" + (f" ({by_tenant})" if by_tenant else ""),
         markup=False,
     )
+    lane = status.get("batches") or {}
+    if lane.get("batches"):
+        console.print(
+            f"Batches lane: {lane['batches']:,} batches, {lane['requests']:,} requests "
+            f"({lane['succeeded']:,} succeeded, {lane['errored']:,} errored, "
+            f"{lane['expired']:,} expired, {lane['canceled']:,} canceled); "
+            f"{lane['input_tokens']:,} input / {lane['output_tokens']:,} output tokens; "
+            f"estimated cost saved ${lane['cost_saved_usd']:,.2f}",
+            markup=False,
+        )

@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from pgqueue.sandbox.batches import BatchStore, batch_routes
 from pgqueue.sandbox.limits import (
     Admission,
 )
@@ -107,14 +108,18 @@ def create_app(
         sleep: coroutine used for simulated latency, in seconds (``asyncio.sleep``).
 
     Returns:
-        A Starlette app. Its state is on ``app.state.sandbox`` (a :class:`SandboxState`).
+        A Starlette app. Its state is on ``app.state.sandbox`` (a :class:`SandboxState`),
+        its Message Batches on ``app.state.batches`` (a
+        :class:`~pgqueue.sandbox.batches.BatchStore`).
 
     Routes:
         ``POST /v1/messages``, ``POST /v1/messages/count_tokens``, ``GET /v1/models``,
-        ``POST /_sandbox/script``, ``GET /_sandbox/stats``, ``POST /_sandbox/reset``.
+        ``POST /_sandbox/script``, ``GET /_sandbox/stats``, ``POST /_sandbox/reset``, and the
+        Message Batches routes of :mod:`pgqueue.sandbox.batches`.
     """
     cfg = config if config is not None else SandboxConfig()
     state = SandboxState(cfg, clock=clock, wall_clock=wall_clock)
+    batches = BatchStore(wall_clock, cfg.batch_processing_seconds, cfg.output_ratio)
 
     async def messages(request: Request) -> Response:
         state.counts["requests"] += 1
@@ -224,6 +229,7 @@ def create_app(
 
     async def reset(request: Request) -> Response:
         state.reset()
+        batches.reset()
         return JSONResponse({"reset": True})
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -238,8 +244,10 @@ def create_app(
             Route("/_sandbox/script", script, methods=["POST"]),
             Route("/_sandbox/stats", stats, methods=["GET"]),
             Route("/_sandbox/reset", reset, methods=["POST"]),
+            *batch_routes(batches, _authenticated, _error),
         ],
         exception_handlers={HTTPException: http_error},
     )
     app.state.sandbox = state
+    app.state.batches = batches
     return app

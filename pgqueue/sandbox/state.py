@@ -47,6 +47,8 @@ class SandboxConfig:
         seconds_per_output_token: latency per output token, in seconds (0.0 = instant).
         base_latency_seconds: fixed latency added to every successful answer, in seconds.
         initial_fill: the rate-limit buckets' starting level, 0 (spent) to 1 (full).
+        batch_processing_seconds: how long a Message Batch stays ``in_progress`` after it
+            is created, in seconds of the wall clock (0.0 = it has ended at the next look).
 
     Raises:
         ValueError: if a field is out of range.
@@ -64,6 +66,7 @@ class SandboxConfig:
     seconds_per_output_token: float = 0.0
     base_latency_seconds: float = 0.0
     initial_fill: float = 1.0
+    batch_processing_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         self.rate_limits()  # validates the three limits
@@ -74,8 +77,10 @@ class SandboxConfig:
         if self.fail_first_n < 0:
             raise ValueError(f"fail_first_n must be >= 0, got {self.fail_first_n!r}")
         _check_status(self.fail_status, "fail_status")
-        if self.seconds_per_output_token < 0 or self.base_latency_seconds < 0:
+        if min(self.seconds_per_output_token, self.base_latency_seconds) < 0:
             raise ValueError("latencies must be >= 0 seconds")
+        if self.batch_processing_seconds < 0:
+            raise ValueError("batch_processing_seconds must be >= 0 seconds")
         if not 0.0 <= self.initial_fill <= 1.0:
             raise ValueError(f"initial_fill must be in [0, 1], got {self.initial_fill!r}")
 

@@ -29,6 +29,8 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
+from pgqueue.batches.lane import open_batches, park_claimed
+from pgqueue.batches.startup import start_poller
 from pgqueue.db import queries
 from pgqueue.db.migrate import check_schema
 from pgqueue.handlers.anthropic import KIND as ANTHROPIC_KIND
@@ -261,6 +263,9 @@ class Worker:
                     upkeep.vacuum_loop(self._pool, vacuum_every, self._rng), name="pgqueue-vacuum"
                 )
             )
+        poller = start_poller(self._pool, self.settings, self.worker_id, self._rng, self._stop)
+        if poller is not None:
+            background.append(poller)
         if self.listen:
             notifier = Notifier(
                 self.dsn, self.wake, poll_interval_seconds=self.settings.poll_interval_seconds
@@ -355,8 +360,9 @@ class Worker:
                 and len(self._jobs.running) == len(self._jobs.lost_runs())
                 and not self._jobs.flushing
                 and (due is None or due > self.settings.burst_horizon_seconds)
+                and self._pool is not None
+                and not await open_batches(self._pool)  # the lane's jobs are not done yet
             ):
-                assert self._pool is not None
                 if await self._leases.rescue_once(self._pool):
                     return True  # expired leases went back to the queue: run them first
                 # The background rescuer may just have put jobs back (found by a tester:
@@ -402,6 +408,7 @@ class Worker:
         self._blocked_seconds = None
         claimed = 0
         by_tier: Counter[str] = Counter()
+        to_batch: list[Job] = []
         # the jobs of one claim start together: one timer for their provider timeout
         deadline = SharedDeadline(self.settings.provider_timeout_seconds, len(rows))
         for row in rows:
@@ -415,6 +422,10 @@ class Worker:
             poison = payload if isinstance(payload, Undecodable) else None
             job = Job.from_row(row if poison is None else {**row, "payload": {}})
             by_tier[job.priority.value] += 1
+            if row["to_batch"] and poison is None:  # the batches lane's: parked below, not run
+                to_batch.append(job)
+                deadline.finish()
+                continue
             task = asyncio.create_task(
                 self._run_job(job, deadline, poison), name=f"pgqueue-job-{job.id}"
             )
@@ -425,6 +436,8 @@ class Worker:
                 # an outage started its jobs after "no new claims"): its jobs never start, and
                 # the drain returns them to the queue without using an attempt.
                 task.cancel()
+        if to_batch:
+            await park_claimed(self._pool, to_batch, self.settings.batches_max_requests)
         for tier, count in by_tier.items():
             metrics.JOBS_CLAIMED.labels(tier).inc(count)
         self.stats.claimed += claimed

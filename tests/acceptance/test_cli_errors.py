@@ -464,6 +464,7 @@ _FLOAT_OPTIONS = [
     (["metrics"], "--refresh-seconds", "between 0 and 1e9", ["-1", "2e9"]),
     (["sandbox"], "--overload-rate", "between 0 and 1", ["-0.1", "1.5"]),
     (["sandbox"], "--seconds-per-output-token", "between 0 and 1e9", ["-1", "2e9"]),
+    (["sandbox"], "--batch-processing-seconds", "between 0 and 1e9", ["-1", "2e9"]),
     (["replay"], "--speedup", "of at least 0.01", ["0"]),
     (["replay"], "--rate-scale", "between 0.01 and 2e7", ["0", "3e7"]),
     (["demo"], "--speedup", "of at least 0.01", ["0"]),
@@ -769,6 +770,7 @@ _INT_OPTIONS = [
     (["jobs", "list"], "--limit", "1 to 1000", ["0", "1001"]),
     (["jobs", "list"], "--before", "1 to 2^63-1", ["0", "9223372036854775808"]),
     (["dashboard"], "--port", "1 to 65535", ["0", "65536"]),
+    (["batches", "list"], "--limit", "1 to 2^63-1", ["0", "9223372036854775808"]),
 ]
 
 
@@ -816,6 +818,7 @@ def test_no_int_option_is_left_to_typer():
         "admission": "admission_",
         "limits": "limits_",
         "jobs": "jobs_",
+        "batches": "batches_",
     }
     checked = {
         (names.get(command[0], "") + (command[1] if command[0] in names else command[0]), option)

@@ -98,7 +98,7 @@ def test_upgrade_from_0030_keeps_every_row(db_dsn, empty_db_dsn):
     migrate.upgrade(empty_db_dsn)
     after = _rows(empty_db_dsn)
     assert {name: after[name] for name in before} == before
-    # tables added after 0030 start empty (0033: tenant_roles)
+    # tables added after 0030 start empty (0033: tenant_roles; 0036: the batches lane)
     assert all(after[name][0] == 0 for name in set(after) - set(before))
     assert len(before) == 11
     assert all(count > 0 for count, _digest in before.values()), before

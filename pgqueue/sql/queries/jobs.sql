@@ -5,11 +5,14 @@
 -- under a short advisory lock so that every worker shares one fair schedule; the deficits are
 -- charged in this transaction. Only due, queued jobs, and only those the provider's limits
 -- let through now (pgqueue.claim_admitted): when the limiter stops the batch, a last row with
--- a NULL id carries blocked_seconds. See docs/drr.md.
+-- a NULL id carries blocked_seconds. See docs/drr.md. `to_batch`: the job goes to the batches
+-- lane (pgqueue.batches.lane parks it) instead of running here.
 SELECT (c.job).id, (c.job).tenant_id, (c.job).kind, (c.job).priority, (c.job).payload,
        (c.job).cost, (c.job).attempts, (c.job).max_attempts, (c.job).throttle_retries,
        (c.job).enqueued_at, (c.job).lease_token::text AS lease_token, (c.job).model,
-       (c.job).est_input_tokens, c.blocked_seconds
+       (c.job).est_input_tokens, c.blocked_seconds,
+       pgqueue.batch_lane_takes((c.job).id, (c.job).tenant_id, (c.job).priority,
+                                (c.job).kind) AS to_batch
 FROM pgqueue.claim_admitted(%(limit)s, %(worker_id)s, %(lease_seconds)s) AS c
 
 -- name: job_claim_durable :execrows
@@ -179,6 +182,9 @@ WITH leader AS (
     SELECT j.id, j.tenant_id
     FROM pgqueue.jobs j, leader
     WHERE leader.ok AND j.state = 'running' AND j.lease_expires_at < now()
+      AND NOT EXISTS (  -- a job in an open batch belongs to the batch's poller
+          SELECT 1 FROM pgqueue.batch_jobs bj JOIN pgqueue.batches b ON b.id = bj.batch_id
+          WHERE bj.job_id = j.id AND bj.tenant_id = j.tenant_id AND b.state <> 'ended')
     ORDER BY j.lease_expires_at
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED

@@ -283,3 +283,54 @@ CREATE TABLE pgqueue.tenant_roles (
     CONSTRAINT tenant_roles_tenant_id_check CHECK (((tenant_id <> ''::text) AND (char_length(tenant_id) <= 128))),
     CONSTRAINT tenant_roles_pkey PRIMARY KEY (role_name)
 );
+
+-- The batches lane (docs/batches.md): which tenants send their batch-tier anthropic.messages
+-- jobs through Anthropic's Message Batches API. tenant_id '' is every tenant's default; a
+-- tenant's own row overrides it; no row at all means off.
+CREATE TABLE pgqueue.batch_lane (
+    tenant_id text NOT NULL,
+    enabled boolean NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT batch_lane_pkey PRIMARY KEY (tenant_id)
+);
+
+-- One Message Batch: collecting (jobs join it), submitting (recorded before the SDK call; its
+-- jobs are fixed), submitted (provider_batch_id known, polled), ended. due_at is when a
+-- worker may next take it (a take moves it a lease ahead, so a dead worker's batch is taken
+-- again), submit_started_at when the first SDK call may have been made.
+CREATE TABLE pgqueue.batches (
+    id bigint GENERATED ALWAYS AS IDENTITY,
+    state text DEFAULT 'collecting'::text NOT NULL,
+    provider_batch_id text,
+    requests integer DEFAULT 0 NOT NULL,
+    succeeded integer DEFAULT 0 NOT NULL,
+    errored integer DEFAULT 0 NOT NULL,
+    expired integer DEFAULT 0 NOT NULL,
+    canceled integer DEFAULT 0 NOT NULL,
+    input_tokens bigint DEFAULT 0 NOT NULL,
+    output_tokens bigint DEFAULT 0 NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    submit_started_at timestamp with time zone,
+    submitted_at timestamp with time zone,
+    ended_at timestamp with time zone,
+    due_at timestamp with time zone DEFAULT now() NOT NULL,
+    worker_id text,
+    last_error text,
+    CONSTRAINT batches_state_check CHECK ((state = ANY (ARRAY['collecting'::text, 'submitting'::text, 'submitted'::text, 'ended'::text]))),
+    CONSTRAINT batches_pkey PRIMARY KEY (id),
+    CONSTRAINT batches_provider_batch_id_key UNIQUE (provider_batch_id)
+);
+
+CREATE INDEX batches_open_idx ON pgqueue.batches USING btree (due_at) WHERE (state <> 'ended'::text);
+
+-- Which jobs a batch holds (custom_id = job id) and, once it ended, each one's result type.
+CREATE TABLE pgqueue.batch_jobs (
+    batch_id bigint NOT NULL,
+    job_id bigint NOT NULL,
+    tenant_id text NOT NULL,
+    outcome text,
+    CONSTRAINT batch_jobs_outcome_check CHECK (((outcome IS NULL) OR (outcome = ANY (ARRAY['succeeded'::text, 'errored'::text, 'expired'::text, 'canceled'::text])))),
+    CONSTRAINT batch_jobs_pkey PRIMARY KEY (batch_id, job_id, tenant_id)
+);
+
+CREATE INDEX batch_jobs_job_idx ON pgqueue.batch_jobs USING btree (job_id, tenant_id);

@@ -74,6 +74,26 @@ BEGIN
 END
 $$;
 
+-- Whether a claimed job goes to the batches lane (docs/batches.md) instead of the Messages
+-- API: a batch-tier anthropic.messages job of a tenant whose lane is on (its own batch_lane
+-- row, else the '' row, else off), unless one of its requests already expired in a batch
+-- (then it goes to the Messages API). Such a job takes nothing from the provider limiter.
+CREATE OR REPLACE FUNCTION pgqueue.batch_lane_takes(job_id bigint, tenant_id text,
+                                                    priority pgqueue.tier, kind text)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT batch_lane_takes.priority = 'batch' AND batch_lane_takes.kind = 'anthropic.messages'
+       AND coalesce((SELECT l.enabled FROM pgqueue.batch_lane l
+                     WHERE l.tenant_id = batch_lane_takes.tenant_id),
+                    (SELECT l.enabled FROM pgqueue.batch_lane l WHERE l.tenant_id = ''),
+                    false)
+       AND NOT EXISTS (SELECT 1 FROM pgqueue.batch_jobs b
+                       WHERE b.job_id = batch_lane_takes.job_id
+                         AND b.tenant_id = batch_lane_takes.tenant_id
+                         AND b.outcome = 'expired')
+$$;
+
 -- The claim behind admission control by the provider's limits: "claim only when the job can
 -- be sent now". Claims a batch with pgqueue.claim (tiers + DRR) inside a subtransaction, then
 -- takes each rate-limited job's request and tokens from its model's buckets in dispatch
@@ -83,7 +103,8 @@ $$;
 -- blocked one: no priority inversion). Rows: the claimed jobs with blocked_seconds NULL, then,
 -- when the limiter stopped the batch, one row with a NULL job and the seconds until the
 -- blocked job would fit. A job larger than a whole bucket is let through (its provider answer
--- will say why). Jobs of other kinds than anthropic.messages are not rate limited.
+-- will say why). Jobs of other kinds than anthropic.messages are not rate limited, nor are
+-- those of the batches lane (batch_lane_takes).
 CREATE OR REPLACE FUNCTION pgqueue.claim_admitted(
     max_jobs integer,
     worker_id text,
@@ -115,7 +136,8 @@ BEGIN
                           FROM pgqueue.drr_dispatch(want, worker_id, lease_seconds) d);
             FOR i IN 1 .. coalesce(cardinality(got), 0) LOOP
                 j := got[i];
-                CONTINUE WHEN j.kind <> 'anthropic.messages' OR j.model IS NULL;
+                CONTINUE WHEN j.kind <> 'anthropic.messages' OR j.model IS NULL
+                    OR pgqueue.batch_lane_takes(j.id, j.tenant_id, j.priority, j.kind);
                 wait := pgqueue.ratelimit_try_take(j.model, j.est_input_tokens,
                                                    j.max_output_tokens);
                 IF wait > 0 AND wait < 'Infinity'::double precision THEN
