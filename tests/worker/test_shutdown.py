@@ -48,11 +48,20 @@ def _start_worker(dsn: str, tmp_path: Path, *extra: str, **env: str) -> CliProce
     )
 
 
-def _wait_running(dsn: str, proc: CliProcess, n: int) -> None:
+def _wait_running(dsn: str, proc: CliProcess, n: int, tmp_path: Path | None = None) -> None:
+    """Wait for ``n`` jobs running in the database and, given ``tmp_path``, for their handlers
+    to have started (recorded): a claim is made durable before its handlers start, so a stop
+    sent once the rows say running can come before any handler ran (seen on a loaded VM)."""
+
     def probe() -> bool:
         if proc.popen.poll() is not None:
             raise AssertionError(f"worker exited early ({proc.popen.returncode}):\n{proc.stderr()}")
-        return count_by_state(dsn).get("running", 0) == n
+        if count_by_state(dsn).get("running", 0) != n:
+            return False
+        if tmp_path is None:
+            return True
+        record = tmp_path / f"record.{proc.pid}"
+        return record.exists() and len(record.read_text(encoding="utf-8").split()) == n
 
     wait_until(probe, timeout=60, interval=0.02, what=f"{n} running jobs")
 
@@ -94,7 +103,7 @@ def test_sigterm_past_grace_returns_jobs_to_the_queue(db_dsn: str, tmp_path: Pat
     slow = _enqueue_slow(db_dsn, SLOTS, 10.0)
     proc = _start_worker(db_dsn, tmp_path, PGQUEUE_SHUTDOWN_GRACE_SECONDS="0.5")
     try:
-        _wait_running(db_dsn, proc, SLOTS)
+        _wait_running(db_dsn, proc, SLOTS, tmp_path)
         proc.popen.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)
     finally:
