@@ -168,6 +168,7 @@ def dashboard(
     dsn: DsnOption = None,
 ) -> None:
     """Serve the web dashboard: overview, tenants, schedule, jobs; actions with the token."""
+    from pgqueue.cli.run import check_can_listen
     from pgqueue.dashboard.app import DashboardConfig
     from pgqueue.dashboard.server import serve
     from pgqueue.db import queries
@@ -192,6 +193,7 @@ def dashboard(
     with psycopg.connect(target, autocommit=True) as conn:  # fail now, in one line
         if not queries.run(conn, "schema_exists")["present"]:
             raise SchemaOutOfDate("no pgqueue schema in this database; run `pgqueue migrate`")
+    check_can_listen(host, port)  # a busy port: one line naming the address, exit 2
     if host not in _LOOPBACK:
         err_console.print(
             f"warning: serving on {host}, beyond this machine, over plain HTTP; put it behind "

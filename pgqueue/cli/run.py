@@ -83,7 +83,7 @@ def work(
     target = _dsn(settings, dsn)
     registry = load_app(app_spec) if app_spec else Registry()
     if metrics_port is not None:
-        _check_can_listen("0.0.0.0", metrics_port)
+        check_can_listen("0.0.0.0", metrics_port)
         from prometheus_client import start_http_server
 
         from pgqueue.observability.metrics import WORKER_REGISTRY
@@ -155,7 +155,7 @@ def metrics(
     int_in_range("--port", port, 1, 65535)
     int_in_range("--top-tenants", top_tenants, 1, _MAX_TENANTS)
     finite_in_range("--refresh-seconds", refresh_seconds, 0.0, _MAX_SECONDS)
-    _check_can_listen(host, port)  # a busy port: one line naming the address, exit 2
+    check_can_listen(host, port)  # a busy port: one line naming the address, exit 2
     # The database is read once before serving: unreachable, or without the schema, the
     # command exits 1 as every other does (found by a tester: it served an empty queue).
     registry = database_registry(
@@ -173,7 +173,7 @@ def metrics(
     server.shutdown()
 
 
-def _check_can_listen(host: str, port: int) -> None:
+def check_can_listen(host: str, port: int) -> None:
     """Raise :class:`InvalidArgument` unless a server can listen on ``host``:``port`` now.
 
     Found by a tester: with the port taken, or a host that does not resolve, the sandbox
@@ -251,7 +251,7 @@ def sandbox(
         )
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
-    _check_can_listen(host, port)
+    check_can_listen(host, port)
     err_console.print(
         f"sandbox on http://{host}:{port} — export ANTHROPIC_BASE_URL=http://{host}:{port}",
         markup=False,

@@ -146,6 +146,20 @@ def test_a_busy_metrics_port_is_named(db_dsn):
         ]
 
 
+def test_a_busy_dashboard_port_is_named(db_dsn):
+    """Found by a fresh tester: a second `pgqueue dashboard` printed its address, then
+    uvicorn's error, and exited 3; now one line names the address, exit 2."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = run("dashboard", "--port", port, "--dsn", db_dsn)
+        assert result.exit_code == 2
+        assert _lines(result) == [
+            f"InvalidArgument: cannot listen on 127.0.0.1:{port}: Address already in use"
+        ]
+
+
 def test_option_ranges(db_dsn):
     assert run("demo", "--speedup", "0").exit_code == 2
     assert run("sandbox", "--port", "99999").exit_code == 2
