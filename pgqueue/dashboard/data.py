@@ -14,8 +14,10 @@ from typing import Any
 
 import psycopg
 
+from pgqueue.batches.outcomes import cost_saved_usd
 from pgqueue.db import queries
 from pgqueue.models import Tier
+from pgqueue.settings import Settings
 
 #: Rows of ``pgqueue.claim_order`` the schedule page shows.
 SCHEDULE_ROWS = 50
@@ -128,11 +130,16 @@ def overview(conn: psycopg.Connection[Any], *, window_seconds: float) -> dict[st
     return found
 
 
-def tenants(conn: psycopg.Connection[Any], *, window_seconds: float) -> list[dict[str, Any]]:
+def tenants(
+    conn: psycopg.Connection[Any], *, window_seconds: float, settings: Settings | None = None
+) -> list[dict[str, Any]]:
     """Per tenant (at most :data:`TENANT_ROWS`, busiest first): plan, quantum, cost served
     over ``window_seconds`` and its share of all service against its weight share (its quantum
     over the quanta of the tenants served or queued), queued jobs, 429s in the last minute,
-    demoted until, today's input tokens against the daily budget (``budget_share``)."""
+    demoted until, today's input tokens against the daily budget (``budget_share``), and the
+    batches lane's tokens with ``batch_cost_saved_usd`` (USD, at the prices of ``settings``,
+    default ``Settings()``; :func:`pgqueue.batches.outcomes.cost_saved_usd`)."""
+    prices = settings or Settings()
     rows = queries.run(
         conn, "dashboard_tenants", {"window_seconds": window_seconds, "limit": TENANT_ROWS}
     )
@@ -144,6 +151,13 @@ def tenants(conn: psycopg.Connection[Any], *, window_seconds: float) -> list[dic
             row["input_tokens_today"] / row["daily_token_budget"]
             if row["daily_token_budget"]
             else None
+        )
+        row["batch_cost_saved_usd"] = cost_saved_usd(
+            int(row["batch_input_tokens"]),
+            int(row["batch_output_tokens"]),
+            input_usd_per_mtok=prices.price_input_usd_per_mtok,
+            output_usd_per_mtok=prices.price_output_usd_per_mtok,
+            discount=prices.batches_discount,
         )
         out.append(row)
     return out

@@ -38,8 +38,8 @@ def collect_status(
 ) -> dict[str, Any]:
     """Depth per tier and state, oldest queued age per tier (seconds), p50/p95/p99 latency
     per tier against the SLOs over ``window_seconds``, Jain's index, top tenants, demotions,
-    429s in the last minute, and the batches lane's totals with the estimated cost saved
-    (prices and discount from ``settings``, default ``Settings()``)."""
+    429s in the last minute, and the batches lane's totals and its top tenants with the
+    estimated cost saved (prices and discount from ``settings``, default ``Settings()``)."""
     depth = queries.run(conn, "report_depth")
     oldest = queries.run(conn, "report_oldest_queued")
     tenants = queries.run(conn, "report_top_tenants", {"since": None, "limit": top})
@@ -52,7 +52,7 @@ def collect_status(
     for r in depth:
         by_tier[r["tier"]][r["state"]] = int(r["jobs"])
     return {
-        "batches": batch_totals(conn, settings or Settings()),
+        "batches": batch_totals(conn, settings or Settings(), tenants=top),
         "depth": by_tier,
         "oldest_queued_seconds": {r["tier"]: _num(r["oldest_seconds"]) for r in oldest},
         "top_tenants": [{k: _num(v) for k, v in r.items()} for r in tenants],
@@ -71,19 +71,38 @@ def collect_status(
     }
 
 
-def batch_totals(conn: psycopg.Connection[Any], settings: Settings) -> dict[str, Any]:
+def batch_totals(
+    conn: psycopg.Connection[Any], settings: Settings, *, tenants: int = 10
+) -> dict[str, Any]:
     """The batches lane since the start: batches, requests, results by type, tokens of the
     succeeded requests, and ``cost_saved_usd`` (:func:`pgqueue.batches.outcomes.cost_saved_usd`
-    at the settings' prices and discount)."""
+    at the settings' prices and discount); under ``tenants``, the same per tenant (the view
+    ``pgqueue.batch_lane_service``: requests, pending, results by type, tokens,
+    ``cost_saved_usd``), at most ``tenants`` rows, most tokens first."""
     totals = {k: int(v) for k, v in queries.run(conn, "batch_totals").items()}
+    by_tenant = queries.run(conn, "batch_lane_by_tenant", {"limit": tenants})
+    rows = [
+        {
+            "tenant_id": r["tenant_id"],
+            **{k: int(v) for k, v in r.items() if k != "tenant_id"},
+            "cost_saved_usd": _saved(settings, r["input_tokens"], r["output_tokens"]),
+        }
+        for r in by_tenant
+    ]
+    saved = _saved(settings, totals["input_tokens"], totals["output_tokens"])
+    return {**totals, "cost_saved_usd": saved, "tenants": rows}
+
+
+def _saved(settings: Settings, input_tokens: int, output_tokens: int) -> float:
+    """:func:`pgqueue.batches.outcomes.cost_saved_usd` at the settings' prices, to 1e-6 USD."""
     saved = cost_saved_usd(
-        totals["input_tokens"],
-        totals["output_tokens"],
+        int(input_tokens),
+        int(output_tokens),
         input_usd_per_mtok=settings.price_input_usd_per_mtok,
         output_usd_per_mtok=settings.price_output_usd_per_mtok,
         discount=settings.batches_discount,
     )
-    return {**totals, "cost_saved_usd": round(saved, 6)}
+    return round(saved, 6)
 
 
 def collect_run_report(conn: psycopg.Connection[Any], since: datetime) -> dict[str, Any]:
@@ -241,3 +260,19 @@ def render_status(status: dict[str, Any], console: Console) -> None:
             f"estimated cost saved ${lane['cost_saved_usd']:,.2f}",
             markup=False,
         )
+    if lane.get("tenants"):
+        table = Table(title="Batches lane per tenant")
+        for col in ("tenant", "requests", "pending", "succeeded", "input tokens", "output tokens"):
+            table.add_column(col, justify="right" if col != "tenant" else "left")
+        table.add_column("cost saved $", justify="right")
+        for r in lane["tenants"]:
+            table.add_row(
+                Text(r["tenant_id"]),
+                f"{r['requests']:,}",
+                f"{r['pending']:,}",
+                f"{r['succeeded']:,}",
+                f"{r['input_tokens']:,}",
+                f"{r['output_tokens']:,}",
+                f"{r['cost_saved_usd']:,.2f}",
+            )
+        console.print(table)

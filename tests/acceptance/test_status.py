@@ -89,3 +89,26 @@ def test_watch_into_a_pipe_prints_each_refresh(db_dsn, tmp_path):
     finally:
         watcher.kill()
     assert watcher.stdout().count("--- ") >= 2
+
+
+def test_status_shows_the_batches_lane_per_tenant(db_dsn):
+    from tests.db.test_batch_lane_service import batch_jobs
+
+    batch_jobs(
+        db_dsn,
+        [
+            ("acme", "succeeded", 1_000_000, 100_000),
+            ("globex", "succeeded", 2_000_000, 0),
+            ("globex", "errored", 0, 0),
+        ],
+    )
+    tenants = {t["tenant_id"]: t for t in _status(db_dsn)["batches"]["tenants"]}
+    assert [t for t in tenants] == ["globex", "acme"]  # most tokens first
+    assert tenants["acme"]["input_tokens"] == 1_000_000
+    assert tenants["acme"]["output_tokens"] == 100_000
+    # 50 % of $3 per million input and $15 per million output tokens (the default settings)
+    assert tenants["acme"]["cost_saved_usd"] == 0.5 * (3.0 + 0.1 * 15)
+    assert tenants["globex"]["requests"] == 2
+    assert tenants["globex"]["cost_saved_usd"] == 3.0
+    table = runner.invoke(app, ["status", "--dsn", db_dsn])
+    assert "Batches lane per tenant" in table.stdout

@@ -135,6 +135,14 @@ async def test_a_thousand_jobs_of_five_tenants_go_in_batches(db_dsn: str) -> Non
     assert "estimated cost saved $0.08" in shown.getvalue()
     assert (lane["requests"], lane["succeeded"], lane["output_tokens"]) == (1000, 1000, 8000)
     assert lane["cost_saved_usd"] == pytest.approx(0.5 * (12_000 * 3 + 8_000 * 15) / 1e6)
+    # per tenant (pgqueue.batch_lane_service): every tenant's share, adding up to the totals
+    assert sorted(t["tenant_id"] for t in lane["tenants"]) == sorted(TENANTS)
+    assert sum(t["input_tokens"] for t in lane["tenants"]) == 12_000
+    assert sum(t["output_tokens"] for t in lane["tenants"]) == 8_000
+    assert sum(t["cost_saved_usd"] for t in lane["tenants"]) == pytest.approx(
+        lane["cost_saved_usd"]
+    )
+    assert "Batches lane per tenant" in shown.getvalue()
 
     scraped = generate_latest(database_registry(db_dsn)).decode()
     assert 'pgqueue_batches_tokens_total{direction="input"} 12000.0' in scraped

@@ -138,3 +138,11 @@ LIMIT %(limit)s
 UPDATE pgqueue.batches
 SET state = 'ended', ended_at = now(), worker_id = NULL, last_error = %(error)s
 WHERE id = %(id)s
+
+-- name: batch_lane_by_tenant :many
+-- The lane per tenant (the view pgqueue.batch_lane_service), most tokens first.
+SELECT tenant_id, requests, pending, succeeded, errored, expired, canceled, input_tokens,
+       output_tokens
+FROM pgqueue.batch_lane_service
+ORDER BY input_tokens + output_tokens DESC, tenant_id
+LIMIT %(limit)s

@@ -42,7 +42,8 @@ ORDER BY throttles DESC, 1
 -- name: dashboard_tenants :many
 -- Per tenant: plan and quantum (its DRR weight), cost served over the window and its share
 -- of all cost served, queued jobs, throttles in the last minute, demoted until, input tokens
--- used today against the daily budget. Tenants with work queued or served first.
+-- used today against the daily budget, tokens of the batches lane (pgqueue.batch_lane_service).
+-- Tenants with work queued or served first.
 WITH service AS (
     SELECT s.tenant_id, sum(s.jobs_served) AS jobs_served, sum(s.cost_served) AS cost_served,
            sum(s.jobs_queued) AS jobs_queued
@@ -74,12 +75,15 @@ SELECT t.tenant_id, t.plan, t.quantum AS quantum_set,
        d.demoted_until,
        coalesce(u.input_tokens, 0) AS input_tokens_today,
        coalesce(t.daily_token_budget, pgqueue.setting('default_daily_budget', 100000)::bigint)
-           AS daily_token_budget
+           AS daily_token_budget,
+       coalesce(b.input_tokens, 0) AS batch_input_tokens,
+       coalesce(b.output_tokens, 0) AS batch_output_tokens
 FROM pgqueue.tenants t
 LEFT JOIN service s ON s.tenant_id = t.tenant_id
 LEFT JOIN throttles th ON th.tenant_id = t.tenant_id
 LEFT JOIN demoted d ON d.tenant_id = t.tenant_id
 LEFT JOIN pgqueue.usage_daily u ON u.tenant_id = t.tenant_id AND u.day = pgqueue.budget_day()
+LEFT JOIN pgqueue.batch_lane_service b ON b.tenant_id = t.tenant_id
 ORDER BY (s.tenant_id IS NULL), coalesce(s.jobs_queued, 0) DESC, coalesce(s.cost_served, 0) DESC,
          t.tenant_id
 LIMIT %(limit)s

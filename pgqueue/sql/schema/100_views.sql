@@ -68,6 +68,24 @@ FROM (VALUES ('1m', interval '1 minute'), ('5m', interval '5 minutes'),
              ('1h', interval '1 hour')) AS w(window_name, service_window)
 CROSS JOIN LATERAL pgqueue.tenant_service_in(w.service_window) ts;
 
+-- The batches lane per tenant since the start (docs/batches.md): requests sent in batches,
+-- their results by type (pending: in a batch not ended yet), and the tokens of the succeeded
+-- ones (their jobs' usage; a job removed by retention no longer counts).
+CREATE VIEW pgqueue.batch_lane_service AS
+SELECT bj.tenant_id, count(*) AS requests,
+       count(*) FILTER (WHERE bj.outcome IS NULL) AS pending,
+       count(*) FILTER (WHERE bj.outcome = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE bj.outcome = 'errored') AS errored,
+       count(*) FILTER (WHERE bj.outcome = 'expired') AS expired,
+       count(*) FILTER (WHERE bj.outcome = 'canceled') AS canceled,
+       coalesce(sum(j.input_tokens) FILTER (WHERE bj.outcome = 'succeeded'), 0)::bigint
+           AS input_tokens,
+       coalesce(sum(j.output_tokens) FILTER (WHERE bj.outcome = 'succeeded'), 0)::bigint
+           AS output_tokens
+FROM pgqueue.batch_jobs bj
+LEFT JOIN pgqueue.jobs j ON j.id = bj.job_id AND j.tenant_id = bj.tenant_id
+GROUP BY bj.tenant_id;
+
 -- Jain's index (Σx)²/(n·Σx²) over the tenants backlogged now, per tier and over all tiers
 -- (tier NULL): x = cost served / quantum (weight-normalised), and x = cost served, counted
 -- over the span in which every one of them was backlogged without a break (from the latest
