@@ -144,3 +144,76 @@ def test_roles_bound_to_two_tenants_are_refused(db_dsn: str, acme: tuple[str, st
         conn.execute("SELECT id FROM pgqueue.jobs")
     with psycopg.connect(direct, autocommit=True) as conn:  # still acme only
         assert conn.execute("SELECT pgqueue.session_tenant_scope()").fetchone() == ("acme",)
+
+
+@pytest.fixture
+def evil(db_dsn: str) -> Iterator[str]:
+    """`pgqueue grant`; a login role bound to tenant evil. Yields its DSN."""
+    name = f"pq_evil_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        queries.run(conn, "security_grant")
+        conn.execute(
+            sql.SQL("CREATE ROLE {} LOGIN IN ROLE pgqueue_producer").format(sql.Identifier(name))
+        )
+        conn.execute("INSERT INTO pgqueue.tenant_roles VALUES (%s, 'evil')", (name,))
+    try:
+        yield make_conninfo(db_dsn, user=name)
+    finally:
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+# The SQL ways in, for tenant acme: one job (payload, dedupe key), many jobs (payloads).
+ONE_JOB = (
+    "SELECT * FROM pgqueue.try_enqueue('acme', 'batch_job', %s, dedupe_key => %s)",
+    "SELECT pgqueue.enqueue('acme', 'batch_job', %s, dedupe_key => %s)",
+)
+MANY_JOBS = (
+    "SELECT * FROM pgqueue.try_enqueue_batch(ARRAY['acme'], ARRAY['batch_job'], %s)",
+    "SELECT * FROM pgqueue.try_enqueue_many(ARRAY['acme'], ARRAY['batch_job'], ARRAY[%s])",
+    "SELECT pgqueue.enqueue_many(ARRAY['acme'], ARRAY['batch_job'], ARRAY[%s])",
+)
+
+
+def test_another_tenants_dedupe_key_is_not_revealed(db_dsn: str, evil: str) -> None:
+    """Found by a tester: evil's try_enqueue for acme with acme's dedupe key returned acme's
+    job id ('duplicate'), and a key that did not exist the permission error. The tenant check
+    comes first: the same error for both, and no id."""
+    with psycopg.connect(db_dsn, autocommit=True) as owner:
+        pgqueue.enqueue(
+            owner, tenant_id="acme", origin="batch_job", payload=PAYLOAD, dedupe_key="order-7"
+        )
+    with psycopg.connect(evil, autocommit=True) as conn:
+        for key in ("order-7", "no-such-key"):
+            for call in ONE_JOB:
+                with pytest.raises(psycopg.errors.InsufficientPrivilege, match="'evil'"):
+                    conn.execute(call, (Jsonb(PAYLOAD), key))
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="'evil'"):
+                pgqueue.enqueue(
+                    conn, tenant_id="acme", origin="batch_job", payload=PAYLOAD, dedupe_key=key
+                )
+
+
+def test_another_tenants_full_drop_tier_refuses_not_drops(db_dsn: str, evil: str) -> None:
+    """Found by a tester: evil's enqueue for acme into a full tier of policy drop was reported
+    'dropped' (and counted) instead of refused. Every enqueue path refuses it; nothing counted."""
+    with psycopg.connect(db_dsn, autocommit=True) as owner:
+        owner.execute("SELECT pgqueue.admission_set('batch', 1, NULL, 'drop')")
+        pgqueue.enqueue(owner, tenant_id="acme", origin="batch_job", payload=PAYLOAD)
+    with psycopg.connect(evil, autocommit=True) as conn:
+        calls = [(c, (Jsonb(PAYLOAD), None)) for c in ONE_JOB]
+        calls.append((MANY_JOBS[0], (Jsonb([PAYLOAD]),)))
+        calls += [(c, (Jsonb(PAYLOAD),)) for c in MANY_JOBS[1:]]
+        for call, args in calls:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="'evil'"):
+                conn.execute(call, args)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="'evil'"):
+            pgqueue.enqueue(conn, tenant_id="acme", origin="batch_job", payload=PAYLOAD)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="'evil'"):
+            pgqueue.enqueue_many(conn, [pgqueue.JobSpec("acme", "batch_job", PAYLOAD)])
+    with psycopg.connect(db_dsn, autocommit=True) as owner:
+        dropped = owner.execute("SELECT sum(dropped) FROM pgqueue.queue_counts").fetchone()
+        jobs = owner.execute("SELECT tenant_id, count(*) FROM pgqueue.jobs GROUP BY 1").fetchall()
+    assert dropped == (0,)
+    assert jobs == [("acme", 1)]

@@ -89,6 +89,26 @@ AS $$
     FROM (SELECT payload::text) AS s(t)
 $$;
 
+-- A session confined to a tenant (pgqueue.session_tenant_scope) enqueues only that tenant's
+-- jobs: 42501 when any of tenant_ids is another tenant. Every enqueue path calls this first,
+-- before it reads a row (found by a tester: a tenant's role learnt whether another tenant's
+-- dedupe key existed, and its job id, and a full drop tier reported its job 'dropped', before
+-- the jobs_tenant_scope trigger of `pgqueue grant` had a say).
+CREATE OR REPLACE FUNCTION pgqueue.check_tenant_scope(tenant_ids text[])
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    scope text := pgqueue.session_tenant_scope();
+BEGIN
+    IF scope IS NOT NULL AND EXISTS (SELECT 1 FROM unnest(tenant_ids) AS u(tenant_id)
+                                     WHERE u.tenant_id <> scope) THEN
+        RAISE EXCEPTION 'this session may only enqueue jobs of tenant %', quote_literal(scope)
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+END
+$$;
+
 -- Raises a PQxxx SQLSTATE (see pgqueue/errors.py) for bad input; returns the parsed origin.
 CREATE OR REPLACE FUNCTION pgqueue.validate_job(tenant_id text, origin text, payload jsonb,
                                                 sla_seconds double precision, kind text,

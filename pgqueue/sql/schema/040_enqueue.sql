@@ -25,7 +25,8 @@ $$;
 -- Enqueue one job unless admission control refuses it; never raises for a full queue.
 -- outcome: 'enqueued' (id set), 'dropped' (tier policy drop: nothing stored, the drop
 -- counted) or 'full' (policy reject or block: nothing written at all). Bad input raises the
--- PQ001..PQ009 SQLSTATEs as pgqueue.enqueue does; an unknown tenant under
+-- PQ001..PQ009 SQLSTATEs as pgqueue.enqueue does; a session confined to another tenant is
+-- refused (42501, pgqueue.check_tenant_scope) before anything else; an unknown tenant under
 -- pgqueue.require_known_tenant is refused (PQ007) before admission has a say. The Python
 -- enqueue calls this, so that a full queue leaves the caller's transaction usable without a
 -- savepoint. Kept cheap: the rules are checked by job_is_valid (one inlined expression;
@@ -64,6 +65,7 @@ DECLARE
     tier_counted boolean;
     tenant_counted boolean;
 BEGIN
+    PERFORM pgqueue.check_tenant_scope(ARRAY[try_enqueue.tenant_id]);  -- before any read
     IF pgqueue.job_is_valid(try_enqueue.tenant_id, try_enqueue.origin, try_enqueue.payload,
                             try_enqueue.sla_seconds, try_enqueue.kind, try_enqueue.max_attempts,
                             coalesce(nullif(current_setting('pgqueue.max_payload_bytes', true),

@@ -22,6 +22,7 @@ DECLARE
     n integer := coalesce(cardinality(tenant_ids), 0);
     batch pgqueue.enqueue_batch_item[];
 BEGIN
+    PERFORM pgqueue.check_tenant_scope(tenant_ids);  -- before any read
     IF coalesce(cardinality(origins), 0) <> n OR coalesce(cardinality(payloads), 0) <> n
        OR (sla_seconds IS NOT NULL AND cardinality(sla_seconds) <> n)
        OR (kinds IS NOT NULL AND cardinality(kinds) <> n) THEN
@@ -204,6 +205,7 @@ DECLARE
     err_state text;
     err_message text;
 BEGIN
+    PERFORM pgqueue.check_tenant_scope(tenant_ids);  -- before any read
     IF payloads IS NULL OR jsonb_typeof(payloads) <> 'array' THEN
         RAISE EXCEPTION 'enqueue_many: payloads must be a JSON array' USING ERRCODE = 'PQ009';
     END IF;
