@@ -10,7 +10,7 @@ SECURITY DEFINER that ``pgqueue grant`` sets on these functions: run ``pgqueue g
 after migrating, as after every migrate.
 
 Revision ID: 0038
-Revises: 0036
+Revises: 0037
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0038"
-down_revision = "0036"
+down_revision = "0037"
 branch_labels = None
 depends_on = None
 
