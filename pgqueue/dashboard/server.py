@@ -3,9 +3,6 @@ background thread on a free port of 127.0.0.1 (``running_dashboard``, for tests 
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -13,6 +10,7 @@ from typing import Any
 import uvicorn
 
 from pgqueue.dashboard.app import DashboardConfig, create_app
+from pgqueue.serving import serving_in_thread
 
 #: Seconds ``running_dashboard`` waits for uvicorn to start, and again for it to stop.
 STARTUP_TIMEOUT_SECONDS = 15.0
@@ -52,34 +50,9 @@ def running_dashboard(config: DashboardConfig) -> Iterator[str]:
     Raises:
         RuntimeError: uvicorn did not start within :data:`STARTUP_TIMEOUT_SECONDS`.
     """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port: int = sock.getsockname()[1]
-    server = uvicorn.Server(_config(config, "127.0.0.1", port, quiet=True))
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            server.run(sockets=[sock])
-        except BaseException as exc:  # reported to the caller below
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name=f"pgqueue-dashboard-{port}", daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
-        while not server.started:
-            if errors or not thread.is_alive():
-                raise RuntimeError(f"dashboard failed to start: {errors!r}")
-            if time.monotonic() > deadline:
-                raise RuntimeError("dashboard did not start in time")
-            time.sleep(0.005)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(STARTUP_TIMEOUT_SECONDS)
-        if thread.is_alive():
-            server.force_exit = True
-            thread.join(STARTUP_TIMEOUT_SECONDS)
-        sock.close()
+    with serving_in_thread(
+        lambda port: uvicorn.Server(_config(config, "127.0.0.1", port, quiet=True)),
+        "dashboard",
+        STARTUP_TIMEOUT_SECONDS,
+    ) as url:
+        yield url

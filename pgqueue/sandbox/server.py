@@ -8,8 +8,6 @@ stops the server on exit.
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +17,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from pgqueue.sandbox.app import SandboxConfig, create_app
+from pgqueue.serving import serving_in_thread
 
 __all__ = ["running_sandbox", "serve"]
 
@@ -75,36 +74,11 @@ def running_sandbox(
         RuntimeError: if uvicorn does not start within ``STARTUP_TIMEOUT_SECONDS``.
     """
     app = create_app(config, clock=clock, wall_clock=wall_clock)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port: int = sock.getsockname()[1]
-    server = uvicorn.Server(
-        _uvicorn_config(app, host="127.0.0.1", port=port, configure_logging=False)
-    )
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            server.run(sockets=[sock])
-        except BaseException as exc:  # reported to the caller below
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name=f"pgqueue-sandbox-{port}", daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
-        while not server.started:
-            if errors or not thread.is_alive():
-                raise RuntimeError(f"sandbox server failed to start: {errors!r}")
-            if time.monotonic() > deadline:
-                raise RuntimeError("sandbox server did not start in time")
-            time.sleep(0.005)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(STARTUP_TIMEOUT_SECONDS)
-        if thread.is_alive():
-            server.force_exit = True
-            thread.join(STARTUP_TIMEOUT_SECONDS)
-        sock.close()
+    with serving_in_thread(
+        lambda port: uvicorn.Server(
+            _uvicorn_config(app, host="127.0.0.1", port=port, configure_logging=False)
+        ),
+        "sandbox server",
+        STARTUP_TIMEOUT_SECONDS,
+    ) as url:
+        yield url
