@@ -332,6 +332,16 @@ class Completer:
                     "actual_output": outcome.output_tokens,
                 },
             )
+        if isinstance(outcome, Deferred):  # not sent: give back what the claim took
+            reserved = job.payload.get("max_tokens")
+            return (
+                "ratelimit_release",
+                {
+                    "model": job.model,
+                    "estimated_input": job.est_input_tokens,
+                    "reserved_output": reserved if isinstance(reserved, int) else 0,
+                },
+            )
         if isinstance(outcome, Throttled):
             hint = outcome.retry_after_seconds
             seconds = hint or self._settings.default_retry_after_seconds

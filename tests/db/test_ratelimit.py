@@ -153,3 +153,22 @@ def test_input_bucket_matches_the_reference(conn, steps):
         ok, ref = ref.try_take(amount, now, margin=INPUT_MARGIN * 40_000)
         assert (take(conn, inp=amount, out=0) == 0) is ok
         assert state(conn)["input_tokens_available"] == pytest.approx(ref.available, abs=1e-3)
+
+
+def test_a_request_not_sent_gives_back_what_it_took(conn):
+    """Found by a fresh tester: a worker without an API key claimed jobs, deferred them, and
+    kept what the claim took, so the model's output bucket stayed near empty for every
+    worker. ``ratelimit_release`` gives back one request, the input estimate and the output
+    reservation (time stands still in one transaction, so the levels compare exactly)."""
+    assert take(conn, inp=1000, out=4000) == 0
+    once = state(conn)
+    assert take(conn, inp=1000, out=4000) == 0
+    conn.execute("SELECT pgqueue.ratelimit_release('m', 1000, 4000)")
+    again = state(conn)
+    for level in ("requests_available", "input_tokens_available", "output_tokens_available"):
+        assert again[level] == pytest.approx(once[level])
+    for _ in range(3):  # never past a bucket's limit
+        conn.execute("SELECT pgqueue.ratelimit_release('m', 1000, 4000)")
+    full = state(conn)
+    assert full["output_tokens_available"] == full["output_tokens_per_minute"]
+    assert full["requests_available"] <= full["requests_per_minute"]

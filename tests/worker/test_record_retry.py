@@ -11,7 +11,7 @@ from psycopg_pool import AsyncConnectionPool
 
 import pgqueue
 from pgqueue.db import queries
-from pgqueue.models import Job, Throttled
+from pgqueue.models import Deferred, Job, Throttled
 from pgqueue.settings import Settings
 from pgqueue.worker import completer as completer_module
 from pgqueue.worker.completer import Completer
@@ -54,3 +54,32 @@ async def test_a_throttle_recorded_before_the_connection_dropped_is_not_reported
     with psycopg.connect(db_dsn) as conn:
         row = conn.execute("SELECT state::text, throttle_retries FROM pgqueue.jobs").fetchone()
     assert row == ("queued", 1)  # recorded once
+
+
+@pytest.mark.timeout(60)
+async def test_a_deferred_job_gives_back_what_its_claim_took_from_the_limiter(
+    db_dsn: str,
+) -> None:
+    """Found by a fresh tester: a worker without an API key claimed Messages API jobs and put
+    them back for 60 s, and what the claim took from the model's buckets stayed taken, so
+    such a worker held the output bucket near empty for every worker. A Deferred outcome now
+    gives it back (``ratelimit_release``)."""
+    payload = {**PAYLOAD, "max_tokens": 4000}
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        pgqueue.enqueue(conn, tenant_id="t", origin="scheduled", payload=payload)
+        rows = queries.run(conn, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 60})
+        taken = conn.execute(
+            "SELECT output_tokens_available, output_tokens_per_minute FROM pgqueue.rate_limits"
+        ).fetchone()
+    job = Job.from_row(rows[0])
+    assert taken[0] <= taken[1] - 4000  # the claim took the request's output tokens
+
+    async with AsyncConnectionPool(db_dsn, kwargs={"autocommit": True}, open=False) as pool:
+        state = await Completer(pool, Settings()).record(job, Deferred("no API key", 60.0))
+
+    assert state == "queued"
+    with psycopg.connect(db_dsn) as conn:
+        level, limit = conn.execute(
+            "SELECT output_tokens_available, output_tokens_per_minute FROM pgqueue.rate_limits"
+        ).fetchone()
+    assert level == limit  # given back (a refill alone takes 30 s to bring back 4,000)

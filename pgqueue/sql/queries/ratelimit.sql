@@ -11,6 +11,10 @@ SELECT pgqueue.ratelimit_observe(
     %(estimated_input)s, %(actual_input)s,
     %(reserved_output)s, %(actual_output)s)
 
+-- name: ratelimit_release :exec
+-- A request taken by the claim and not sent (its job deferred): give back what was taken.
+SELECT pgqueue.ratelimit_release(%(model)s, %(estimated_input)s, %(reserved_output)s)
+
 -- name: ratelimit_cooldown :one
 -- A 429/529: no worker sends to the model before now + seconds.
 SELECT pgqueue.ratelimit_cooldown(%(model)s, %(seconds)s) AS cooldown_until

@@ -103,6 +103,27 @@ BEGIN
 END
 $$;
 
+-- A request taken by a claim and then not sent (the worker deferred its job: no API key, say)
+-- gives back what ratelimit_try_take took: one request, the estimated input tokens at the
+-- model's current ratio, and its output tokens, never past a bucket's limit. Found by a fresh
+-- tester: a worker without a key held a model's output bucket near empty for every worker.
+CREATE OR REPLACE FUNCTION pgqueue.ratelimit_release(p_model text, p_input_tokens double precision,
+                                                     p_output_tokens double precision)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    r pgqueue.rate_limits := pgqueue.ratelimit_row(p_model);
+BEGIN
+    r.requests_available := least(r.requests_per_minute, r.requests_available + 1);
+    r.input_tokens_available := least(r.input_tokens_per_minute,
+        r.input_tokens_available + p_input_tokens * r.input_estimate_ratio);
+    r.output_tokens_available := least(r.output_tokens_per_minute,
+        r.output_tokens_available + p_output_tokens);
+    PERFORM pgqueue.ratelimit_save(r);
+END
+$$;
+
 -- After an answer: correct the buckets from the provider's headers (limits learned from
 -- *-limit; levels lowered to *-remaining, never raised, since requests in flight are not yet
 -- counted there), refund the output and input tokens reserved but not used, and update the
