@@ -200,10 +200,15 @@ def run_held_burst_workers(
     ]
     try:
         wait_until(
-            lambda: workers_ready(dsn, procs, app_prefix),
+            lambda: (
+                workers_ready(dsn, procs, app_prefix)
+                # and past their start-up (found in a full run: a host connected but still
+                # starting took no job while the others drained them all)
+                and all(" started: " in proc.stderr() for proc in procs)
+            ),
             timeout=60,
             interval=0.05,
-            what=f"{len(procs)} workers connected",
+            what=f"{len(procs)} workers connected and started",
         )
         with psycopg.connect(dsn) as conn:  # release all jobs and wake the listeners
             conn.execute("UPDATE pgqueue.jobs SET run_at = now()")
