@@ -71,6 +71,8 @@ _INT64_MAX = 2**63 - 1
 #: Jobs in flight per worker at most (Settings.concurrency, PGQUEUE_CONCURRENCY, takes the same);
 #: the claim functions take an integer.
 MAX_CONCURRENCY = 10_000
+#: The addresses that keep a server on this machine (`dashboard`, `metrics`: others warn).
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 #: The largest number of seconds an option takes (~31.7 years): time.sleep and Event.wait
 #: overflow past ~9.2e9 s, and now() minus more than ~2e11 s leaves Postgres' timestamps.
 _MAX_SECONDS = 1e9
