@@ -14,7 +14,8 @@ from typing import Any
 
 
 class Tier(enum.StrEnum):
-    """Scheduling tier, stored in ``pgqueue.jobs.priority``. Declaration order is priority."""
+    """Scheduling tier, stored in ``pgqueue.jobs.priority`` (read it as ``pgqueue.jobs.tier``).
+    Declaration order is priority."""
 
     CRITICAL = "critical"
     STANDARD = "standard"

@@ -16,14 +16,16 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import re
+import sys
 from collections.abc import Callable
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
 
 import psycopg
 import sqlalchemy.exc
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 
 from pgqueue.errors import (
     AdmissionError,
@@ -52,9 +54,46 @@ embedded_app = typer.Typer(
     help="The embedded Postgres (used when no DSN is set) and the test suite's: status, stop."
 )
 app.add_typer(embedded_app, name="embedded")
+#: The width of stdout when it is not a terminal: wider than any table pgqueue prints.
+UNCUT_WIDTH = 10_000
+
+
+class StdoutConsole(Console):
+    """rich's Console for stdout, with two changes for when stdout is not a terminal.
+
+    - Width :data:`UNCUT_WIDTH` (characters): rich fits tables to the terminal, or to 80
+      columns when there is none, so `pgqueue jobs list | grep acme` cut every long row with
+      "…" (found by a tester, issue 29). A table is as wide as its content; text is not
+      wrapped either (``soft_wrap``). On a terminal, rich's own width (tables fit the screen).
+    - A closed pipe (`pgqueue status --watch 1 | head -1`) raises :class:`BrokenPipeError`
+      for :func:`cli_errors` to end the command quietly with exit 0; rich's own handling
+      exits 1.
+    """
+
+    def _size(self) -> ConsoleDimensions:
+        size = Console.size.fget(self)  # type: ignore[attr-defined]
+        return size if self.is_terminal else ConsoleDimensions(UNCUT_WIDTH, size.height)
+
+    size = property(_size, Console.size.fset)  # type: ignore[attr-defined]
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
+def _stdout_closed() -> NoReturn:
+    """The reader of stdout went away (`| head -1`): point stdout at /dev/null, so that the
+    flush at exit does not fail again, and exit 0 with nothing on stderr (the recipe of
+    Python's documentation, "Note on SIGPIPE" in :mod:`signal`; a reader that stopped reading
+    is not an error of this command)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise typer.Exit(0)
+
+
 # emoji=False: a stored name such as ':smile:' is shown as it is, not as an emoji (found by a
 # tester; markup is turned off where names are printed, emoji codes are a separate switch).
-console = Console(soft_wrap=True, emoji=False)
+console = StdoutConsole(soft_wrap=True, emoji=False)
 err_console = Console(stderr=True, soft_wrap=True, emoji=False)
 
 P = ParamSpec("P")
@@ -71,6 +110,8 @@ _INT64_MAX = 2**63 - 1
 #: Jobs in flight per worker at most (Settings.concurrency, PGQUEUE_CONCURRENCY, takes the same);
 #: the claim functions take an integer.
 MAX_CONCURRENCY = 10_000
+#: The addresses that keep a server on this machine (`dashboard`, `metrics`: others warn).
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 #: The largest number of seconds an option takes (~31.7 years): time.sleep and Event.wait
 #: overflow past ~9.2e9 s, and now() minus more than ~2e11 s leaves Postgres' timestamps.
 _MAX_SECONDS = 1e9
@@ -239,6 +280,8 @@ def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
             return fn(*args, **kwargs)
         except typer.Exit:
             raise
+        except BrokenPipeError:  # before OSError: stdout's reader went away
+            _stdout_closed()
         except UsageError as exc:
             _say(type(exc).__name__, str(exc))
             raise typer.Exit(2) from None

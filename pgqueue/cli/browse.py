@@ -16,6 +16,7 @@ from rich.text import Text
 from pgqueue.cli import (
     _INT64_MAX,
     _MAX_SECONDS,
+    LOOPBACK_HOSTS,
     DsnOption,
     _dsn,
     _settings,
@@ -32,7 +33,6 @@ app.add_typer(jobs_app, name="jobs")
 
 #: The shortest admin token the dashboard takes.
 MIN_TOKEN_CHARS = 16
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def _when(value: Any) -> str:
@@ -194,7 +194,7 @@ def dashboard(
         if not queries.run(conn, "schema_exists")["present"]:
             raise SchemaOutOfDate("no pgqueue schema in this database; run `pgqueue migrate`")
     check_can_listen(host, port)  # a busy port: one line naming the address, exit 2
-    if host not in _LOOPBACK:
+    if host not in LOOPBACK_HOSTS:
         err_console.print(
             f"warning: serving on {host}, beyond this machine, over plain HTTP; put it behind "
             "TLS, and list the names it is reached by with --allowed-host",

@@ -16,6 +16,7 @@ from rich.text import Text
 from pgqueue.cli import (
     _INT64_MAX,
     _MAX_SECONDS,
+    LOOPBACK_HOSTS,
     MAX_CONCURRENCY,
     DsnOption,
     _dsn,
@@ -134,7 +135,13 @@ async def _work_showing_progress(worker: Worker) -> WorkerStats:
 @cli_errors
 def metrics(
     port: Annotated[int, typer.Option(help="Port of /metrics, 1 to 65535.")] = 9464,
-    host: str = "0.0.0.0",
+    host: Annotated[
+        str,
+        typer.Option(
+            help="Address to bind; 127.0.0.1 keeps it on this machine, 0.0.0.0 lets a "
+            "Prometheus on another host (or container) scrape it."
+        ),
+    ] = "127.0.0.1",
     refresh_seconds: Annotated[
         float, typer.Option(help="Read the database at most this often, seconds, 0 to 1e9.")
     ] = 30.0,
@@ -165,6 +172,12 @@ def metrics(
         top_tenants=top_tenants,
     )
     server, _thread = start_http_server(port, addr=host, registry=registry)
+    if host not in LOOPBACK_HOSTS:  # as `dashboard`: tenant ids are labels of these series
+        err_console.print(
+            f"warning: serving metrics on {host}, beyond this machine, over plain HTTP",
+            markup=False,
+            highlight=False,
+        )
     err_console.print(f"metrics on http://{host}:{port}/metrics", markup=False)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -137,13 +137,39 @@ def test_a_busy_metrics_port_is_named(db_dsn):
         result = run("metrics", "--port", port, "--dsn", db_dsn)
         assert result.exit_code == 2
         assert _lines(result) == [
-            f"InvalidArgument: cannot listen on 0.0.0.0:{port}: Address already in use"
+            f"InvalidArgument: cannot listen on 127.0.0.1:{port}: Address already in use"
         ]
         result = run("work", "--burst", "--metrics-port", port, "--dsn", db_dsn)
         assert result.exit_code == 2
         assert _lines(result) == [
             f"InvalidArgument: cannot listen on 0.0.0.0:{port}: Address already in use"
         ]
+
+
+def test_metrics_bind_this_machine_by_default(db_dsn, tmp_path):
+    """Found by a tester (issue 29): `pgqueue metrics` served every host (0.0.0.0; its series
+    name tenants), where the dashboard and the sandbox bind 127.0.0.1. It binds 127.0.0.1 too,
+    unless --host says otherwise: another loopback address (127.0.0.2) can still take its
+    port, which a server on 0.0.0.0 would hold."""
+    from tests.apps.harness import start_cli, wait_until
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    exporter = start_cli("metrics", "--port", str(port), "--dsn", db_dsn, log_dir=tmp_path)
+    try:
+        wait_until(
+            lambda: f"metrics on http://127.0.0.1:{port}/metrics" in exporter.stderr(),
+            timeout=60,
+            what="the exporter to serve",
+        )
+        with socket.create_connection(("127.0.0.1", port), timeout=10):
+            pass
+        with socket.socket() as other:
+            other.bind(("127.0.0.2", port))  # OSError (in use) when bound to 0.0.0.0
+        assert "warning" not in exporter.stderr()
+    finally:
+        exporter.kill()
 
 
 def test_a_busy_dashboard_port_is_named(db_dsn):

@@ -112,3 +112,60 @@ def test_status_shows_the_batches_lane_per_tenant(db_dsn):
     assert tenants["globex"]["cost_saved_usd"] == 3.0
     table = runner.invoke(app, ["status", "--dsn", db_dsn])
     assert "Batches lane per tenant" in table.stdout
+
+
+def test_watch_into_a_pipe_that_closes_exits_0_quietly(db_dsn):
+    """Found by a tester (issue 29): `pgqueue status --watch 1 | head -1` exited 1 (rich's own
+    answer to a broken pipe). The reader going away is not an error: exit 0, stderr empty."""
+    import subprocess
+
+    from tests.apps.harness import REPO_ROOT, cli_env, pgqueue_cmd
+
+    with subprocess.Popen(
+        pgqueue_cmd("status", "--watch", "0.5", "--dsn", db_dsn),
+        cwd=REPO_ROOT,
+        env=cli_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as watcher:
+        try:
+            assert watcher.stdout is not None and watcher.stderr is not None
+            assert watcher.stdout.readline().startswith(b"--- ")  # `head -1`, then it leaves
+            watcher.stdout.close()
+            assert watcher.wait(60) == 0
+            assert watcher.stderr.read() == b""
+        finally:
+            if watcher.poll() is None:
+                watcher.kill()
+
+
+def test_tables_in_a_pipe_are_not_cut(db_dsn):
+    """Found by a tester (issue 29): into a pipe, rich fitted every table to 80 columns, so
+    `pgqueue jobs list | grep` saw long tenant ids cut with "…". Off a terminal (no terminal
+    on any of stdin, stdout, stderr, no COLUMNS) status, jobs list and tenants list print
+    whole rows."""
+    import subprocess
+
+    import pgqueue
+    from tests.apps.harness import REPO_ROOT, cli_env, pgqueue_cmd
+
+    tenant = "tenant-" + "x" * 110 + "-end"
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        pgqueue.enqueue(conn, tenant_id=tenant, origin="user_action", payload={}, kind="k")
+    env = cli_env()
+    env.pop("COLUMNS")
+    for command in (["status"], ["jobs", "list"], ["tenants", "list"]):
+        done = subprocess.run(
+            pgqueue_cmd(*command, "--dsn", db_dsn),
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "…" not in done.stdout, command
+        assert [line for line in done.stdout.splitlines() if tenant in line], command

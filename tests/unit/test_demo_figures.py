@@ -115,3 +115,22 @@ def test_provider_limits_serve_one_over_load_of_the_binding_demand():
     assert otpm == pytest.approx(48_800 / 2, rel=0.01)
     assert itpm == pytest.approx(40_000 * otpm / 8_000, rel=0.01)
     assert rpm >= 1
+
+
+def test_a_chart_without_jain_windows_draws_quietly(tmp_path, caplog):
+    """Found by a tester (issue 29): `pgqueue demo --requests 150` printed matplotlib's "No
+    artists with labels found to put in legend" when no 3 s window had two tenants backlogged
+    (no Jain series in either arm). The panel says "no data" instead; nothing is warned."""
+    import logging
+    import warnings
+
+    pytest.importorskip("matplotlib")
+    fifo = arm_figures("plain FIFO", _schedule({"t00": 8}), end=120.0)
+    fair = arm_figures("pgqueue", _schedule({"t00": 4}), end=120.0)
+    assert fifo.jain_series == [] and fair.jain_series == []
+    path = tmp_path / "demo.png"
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING):
+        warnings.simplefilter("error")
+        write_chart(fifo, fair, path, "caption")
+    assert [r for r in caplog.records if r.name.startswith("matplotlib")] == []
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
