@@ -2,7 +2,7 @@
 
 Found by trying the README as a new user: it says tier everywhere, and the first query a user
 wrote, ``select tier from pgqueue.jobs``, failed (the column was only ``priority``). ``tier`` is a
-generated column equal to ``priority`` (revision 0041); ``priority`` stays the column to write.
+generated column equal to ``priority`` (revision 0040); ``priority`` stays the column to write.
 """
 
 from __future__ import annotations

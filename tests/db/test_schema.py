@@ -54,7 +54,7 @@ def _rows(
 ) -> dict[str, tuple[int, str, list[str]]]:
     """Per table of the schema: its row count, an md5 of its rows in text form, and the columns
     that went into it: ``columns[table]`` when given (so that a column a revision adds, e.g.
-    0041's generated ``jobs.tier``, leaves the digest of the rows that were there alone), else
+    0040's generated ``jobs.tier``, leaves the digest of the rows that were there alone), else
     all of the table's columns."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         tables = [r[0] for r in conn.execute(_IN_DATABASE["table"]).fetchall()]

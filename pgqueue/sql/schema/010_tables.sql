@@ -72,7 +72,7 @@ ALTER TABLE pgqueue.tenants
 -- The jobs. tenant_id is part of every key so that the table can be distributed by tenant
 -- (Citus); so there is no foreign key to tenants (020_settings_and_tenants.sql's triggers
 -- keep the reference instead, once per statement). `tier` is `priority` under the name the
--- README and the views use (revision 0041): generated, so writers set priority only.
+-- README and the views use (revision 0040): generated, so writers set priority only.
 CREATE TABLE pgqueue.jobs (
     id bigint GENERATED ALWAYS AS IDENTITY,
     tenant_id text NOT NULL,
@@ -114,7 +114,7 @@ ALTER TABLE pgqueue.jobs
 ALTER TABLE pgqueue.jobs
     ADD CONSTRAINT jobs_run_at_range CHECK (((run_at >= '0001-01-02 00:00:00+00'::timestamp with time zone) AND (run_at < '9999-12-30 00:00:00+00'::timestamp with time zone))) NOT VALID;
 
-COMMENT ON COLUMN pgqueue.jobs.tier IS 'The job''s scheduling tier (critical, standard, batch), always equal to priority: priority is the name the design brief keeps stable and the one to write; tier is the name the README, views and status use (revision 0041)';
+COMMENT ON COLUMN pgqueue.jobs.tier IS 'The job''s scheduling tier (critical, standard, batch), always equal to priority: priority is the name the design brief keeps stable and the one to write; tier is the name the README, views and status use (revision 0040)';
 
 CREATE UNIQUE INDEX jobs_dedupe_live_idx ON pgqueue.jobs USING btree (tenant_id, dedupe_key) WHERE ((dedupe_key IS NOT NULL) AND (state = ANY (ARRAY['queued'::pgqueue.job_state, 'running'::pgqueue.job_state])));
 

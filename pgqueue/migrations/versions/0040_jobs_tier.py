@@ -7,7 +7,7 @@ On an upgraded database, adding a stored generated column rewrites pgqueue.jobs 
 ACCESS EXCLUSIVE lock (one pass over the table, its size in time): run it when the queue can
 pause for that long.
 
-Revision ID: 0041
+Revision ID: 0040
 Revises: 0039
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0041"
+revision = "0040"
 down_revision = "0039"
 branch_labels = None
 depends_on = None
@@ -25,7 +25,7 @@ ALTER TABLE pgqueue.jobs
     ADD COLUMN IF NOT EXISTS tier pgqueue.tier GENERATED ALWAYS AS (priority) STORED;
 """
 JOBS_TIER_COMMENT = """\
-COMMENT ON COLUMN pgqueue.jobs.tier IS 'The job''s scheduling tier (critical, standard, batch), always equal to priority: priority is the name the design brief keeps stable and the one to write; tier is the name the README, views and status use (revision 0041)';
+COMMENT ON COLUMN pgqueue.jobs.tier IS 'The job''s scheduling tier (critical, standard, batch), always equal to priority: priority is the name the design brief keeps stable and the one to write; tier is the name the README, views and status use (revision 0040)';
 """
 
 
