@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pgqueue.errors import InvalidArgument, UsageError
+from pgqueue.jsonb_size import jsonb_size, to_json_text
 from pgqueue.models import DEFAULT_KIND, Origin
 from pgqueue.validation import (
     MAX_KIND_CHARS,
@@ -18,9 +19,7 @@ from pgqueue.validation import (
     check_job,
     has_nul_escape,
     is_utf8_encodable,
-    jsonb_size,
     messages_payload_ok,
-    to_json_text,
 )
 
 

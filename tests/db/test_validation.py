@@ -18,17 +18,12 @@ from psycopg.types.json import Jsonb
 
 import pgqueue
 from pgqueue import errors
+from pgqueue.jsonb_size import jsonb_size, jsonb_text_size, numeric_text_length, to_json_text
 from pgqueue.models import Origin
 from pgqueue.scheduling.drr import estimate_input_tokens
 from pgqueue.scheduling.tiers import classify
 from pgqueue.settings import Settings
-from pgqueue.validation import (
-    check_job,
-    jsonb_size,
-    jsonb_text_size,
-    numeric_text_length,
-    to_json_text,
-)
+from pgqueue.validation import check_job
 
 GOOD = {
     "model": "claude-haiku-4-5",
