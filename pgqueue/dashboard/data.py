@@ -164,10 +164,12 @@ def tenants(
 
 
 def schedule(conn: psycopg.Connection[Any], *, rows: int = SCHEDULE_ROWS) -> dict[str, Any]:
-    """The next ``rows`` claims as ``pgqueue.claim_order`` previews them (nothing is claimed):
-    ``columns`` (the view's, in order) and ``rows``."""
-    with conn.transaction():
-        queries.run(conn, "dashboard_claim_order_rows", {"rows": rows})
+    """The first ``rows`` rows of ``pgqueue.claim_order`` (per tier and lane, the jobs in the
+    order their claims take them), with the due jobs not stamped yet stamped as the next claim
+    would, in a transaction rolled back: nothing is claimed or kept. ``columns`` (the view's,
+    in order) and ``rows``. Needs a primary (the stamping writes), as a claim does."""
+    with conn.transaction(force_rollback=True):
+        queries.run(conn, "dashboard_claim_order_stamp")
         found = [_plain(r) for r in queries.run(conn, "dashboard_claim_order", {"limit": rows})]
     columns = list(found[0]) if found else []
     return {"columns": columns, "rows": found}

@@ -88,12 +88,17 @@ ORDER BY (s.tenant_id IS NULL), coalesce(s.jobs_queued, 0) DESC, coalesce(s.cost
          t.tenant_id
 LIMIT %(limit)s
 
--- name: dashboard_claim_order_rows :exec
--- For the rest of this transaction, pgqueue.claim_order previews this many claims.
-SELECT set_config('pgqueue.claim_order_rows', %(rows)s::text, true)
+-- name: dashboard_claim_order_stamp :one
+-- Stamps the due jobs that have no key yet, as the next claim would (pgqueue.fold of every
+-- lane and tier with such jobs: a try-lock, so a lane a worker is stamping is skipped), so
+-- that pgqueue.claim_order shows them too. The caller rolls the transaction back: nothing is
+-- kept. Returns the number of jobs stamped.
+SELECT coalesce(sum(pgqueue.fold(u.lane, u.tier)), 0)::bigint AS stamped
+FROM pgqueue.lane_tiers_unstamped() u
 
 -- name: dashboard_claim_order :many
--- What runs next: the view, as it is (its columns are shown as they come).
+-- What runs next, per tier and lane in key order: the view, as it is (its columns are shown
+-- as they come: lane, tier, tenant_id, job_id, cost, round, place, seq).
 SELECT * FROM pgqueue.claim_order LIMIT %(limit)s
 
 -- name: job_list :many
