@@ -164,12 +164,11 @@ def tenants(
 
 
 def schedule(conn: psycopg.Connection[Any], *, rows: int = SCHEDULE_ROWS) -> dict[str, Any]:
-    """The first ``rows`` rows of ``pgqueue.claim_order`` (per tier and lane, the jobs in the
-    order their claims take them), with the due jobs not stamped yet stamped as the next claim
-    would, in a transaction rolled back: nothing is claimed or kept. ``columns`` (the view's,
-    in order) and ``rows``. Needs a primary (the stamping writes), as a claim does."""
-    with conn.transaction(force_rollback=True):
-        queries.run(conn, "dashboard_claim_order_stamp")
-        found = [_plain(r) for r in queries.run(conn, "dashboard_claim_order", {"limit": rows})]
+    """The first ``rows`` rows of ``pgqueue.claim_order``: per tier and lane, the stamped jobs
+    in the order their claims take them. ``columns`` (the view's, in order), ``rows``, and
+    ``unstamped``: the lanes and tiers (``{"lane", "tier"}``) whose due jobs have no key yet,
+    which the next claim stamps. Read-only: nothing is stamped or claimed here."""
+    found = [_plain(r) for r in queries.run(conn, "dashboard_claim_order", {"limit": rows})]
+    unstamped = [_plain(r) for r in queries.run(conn, "dashboard_unstamped")]
     columns = list(found[0]) if found else []
-    return {"columns": columns, "rows": found}
+    return {"columns": columns, "rows": found, "unstamped": unstamped}

@@ -88,18 +88,19 @@ ORDER BY (s.tenant_id IS NULL), coalesce(s.jobs_queued, 0) DESC, coalesce(s.cost
          t.tenant_id
 LIMIT %(limit)s
 
--- name: dashboard_claim_order_stamp :one
--- Stamps the due jobs that have no key yet, as the next claim would (pgqueue.fold of every
--- lane and tier with such jobs: a try-lock, so a lane a worker is stamping is skipped), so
--- that pgqueue.claim_order shows them too. The caller rolls the transaction back: nothing is
--- kept. Returns the number of jobs stamped.
-SELECT coalesce(sum(pgqueue.fold(u.lane, u.tier)), 0)::bigint AS stamped
-FROM pgqueue.lane_tiers_unstamped() u
-
 -- name: dashboard_claim_order :many
 -- What runs next, per tier and lane in key order: the view, as it is (its columns are shown
--- as they come: lane, tier, tenant_id, job_id, cost, round, place, seq).
+-- as they come: lane, tier, tenant_id, job_id, cost, round, place, seq). Only stamped jobs
+-- have a key; claims stamp the due ones (pgqueue.fold), so with workers running the view
+-- lags new arrivals by about a poll interval.
 SELECT * FROM pgqueue.claim_order LIMIT %(limit)s
+
+-- name: dashboard_unstamped :many
+-- The lanes and tiers with due jobs that have no key yet (claims stamp them; a skip scan, one
+-- probe per lane and tier). The page only reads: a fold here, even rolled back, would hold
+-- the lane's stamping lock and its rows while the workers' folds skip it.
+SELECT u.lane, u.tier::text AS tier FROM pgqueue.lane_tiers_unstamped() u
+ORDER BY u.tier, u.lane
 
 -- name: job_list :many
 -- Jobs matching every given filter, newest first, `limit` of them from below `before_id`
