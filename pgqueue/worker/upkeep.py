@@ -44,8 +44,9 @@ async def prune(pool: Pool, older_than_seconds: float) -> None:
 
 async def compact_loop(pool: Pool, interval: float, rng: random.Random) -> None:
     """Fold the queued counters' delta rows (admission control) every ``interval`` seconds:
-    first the claims' own rows become ordinary rows (a short statement under the scheduler's
-    lock, in a transaction of its own), then every unheld row is folded into one per key."""
+    first any claim rows left by scheduler v1's claims become ordinary rows (a short
+    statement, in a transaction of its own), then every unheld row is folded into one per
+    key."""
 
     async def step() -> bool:
         try:
