@@ -88,13 +88,19 @@ ORDER BY (s.tenant_id IS NULL), coalesce(s.jobs_queued, 0) DESC, coalesce(s.cost
          t.tenant_id
 LIMIT %(limit)s
 
--- name: dashboard_claim_order_rows :exec
--- For the rest of this transaction, pgqueue.claim_order previews this many claims.
-SELECT set_config('pgqueue.claim_order_rows', %(rows)s::text, true)
-
 -- name: dashboard_claim_order :many
--- What runs next: the view, as it is (its columns are shown as they come).
+-- What runs next, per tier and lane in key order: the view, as it is (its columns are shown
+-- as they come: lane, tier, tenant_id, job_id, cost, round, place, seq). Only stamped jobs
+-- have a key; claims stamp the due ones (pgqueue.fold), so with workers running the view
+-- lags new arrivals by about a poll interval.
 SELECT * FROM pgqueue.claim_order LIMIT %(limit)s
+
+-- name: dashboard_unstamped :many
+-- The lanes and tiers with due jobs that have no key yet (claims stamp them; a skip scan, one
+-- probe per lane and tier). The page only reads: a fold here, even rolled back, would hold
+-- the lane's stamping lock and its rows while the workers' folds skip it.
+SELECT u.lane, u.tier::text AS tier FROM pgqueue.lane_tiers_unstamped() u
+ORDER BY u.tier, u.lane
 
 -- name: job_list :many
 -- Jobs matching every given filter, newest first, `limit` of them from below `before_id`

@@ -1,6 +1,6 @@
 -- Enqueue, part 2: one job. try_enqueue validates, classifies, asks admission control
 -- (050_admission.sql) and inserts; enqueue is the SQL entry point that raises PQ010 for a full
--- tier. The insert trigger keeps the counters and the DRR inbox and wakes workers (NOTIFY).
+-- tier. The insert trigger keeps the counters and wakes workers (NOTIFY).
 
 -- Raised for a full tier whose policy is reject or block: SQLSTATE PQ010, the verdict as JSON
 -- in DETAIL (tier, tenant_id, policy, scope, depth, cap).
@@ -134,8 +134,8 @@ BEGIN
     IF try_enqueue.dedupe_key IS NULL AND known AND NOT ruled
        AND current_setting('transaction_isolation') = 'read committed' THEN
         -- The trigger's work for this one row, driven by the row as inserted (a BEFORE
-        -- trigger of the user's may change its tenant, tier or state, or drop it): its inbox
-        -- row and counters (as pgqueue.queue_counts_add updates them in READ COMMITTED: a row
+        -- trigger of the user's may change its tenant, tier or state, or drop it): its
+        -- counters (as pgqueue.queue_counts_add updates them in READ COMMITTED: a row
         -- of the key no other transaction holds) and NOTIFY; another tenant is checked and
         -- locked after it. The setting is put back as it was after, for an enqueue nested in
         -- such a trigger.
@@ -152,9 +152,6 @@ BEGIN
                    coalesce(try_enqueue.max_attempts, 5), coalesce(try_enqueue.run_at, now())
             FROM pgqueue.input_token_estimate(try_enqueue.payload) e
             RETURNING j.id, j.tenant_id, j.priority, j.state = 'queued' AS queued
-        ), inbox AS (
-            INSERT INTO pgqueue.drr_inbox (tier, tenant_id)
-            SELECT i.priority, i.tenant_id FROM ins i WHERE i.queued
         ), counted AS (
             UPDATE pgqueue.queue_counts c SET queued = c.queued + 1
             WHERE c.ctid = ANY (ARRAY[
@@ -286,7 +283,7 @@ BEGIN
 END
 $$;
 
--- New rows: queued counters, the (tier, tenant) pairs for the DRR inbox, and one NOTIFY
+-- New rows: queued counters and one NOTIFY
 -- naming the tiers touched. Skipped when try_enqueue did this bookkeeping itself for its row
 -- (the trigger's WHEN).
 CREATE OR REPLACE FUNCTION pgqueue.jobs_after_insert() RETURNS trigger
@@ -326,9 +323,6 @@ BEGIN
           FROM new_rows n
           GROUP BY GROUPING SETS ((n.priority, n.tenant_id), (n.priority))) g;
     IF tiers IS NOT NULL THEN
-        INSERT INTO pgqueue.drr_inbox (tier, tenant_id)
-        SELECT u.tier, u.tenant_id FROM unnest(tiers, tenants) AS u(tier, tenant_id)
-        WHERE u.tenant_id IS NOT NULL;
         PERFORM pgqueue.queue_counts_add(tiers, tenants, deltas);
     END IF;
     PERFORM pg_notify('pgqueue_jobs', coalesce(touched, ''));

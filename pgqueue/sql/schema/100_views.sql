@@ -24,14 +24,19 @@ LEFT JOIN (
 ) q ON q.priority = t.tier
 ORDER BY t.tier;
 
--- The DRR-weighted order: (tier, round, tenant, job, cost) the next claims would take on a
--- quiet system; round 0 is the round in progress in that tier. Shows the next
--- pgqueue.claim_order_rows (GUC, default 100) dispatches; pgqueue.claim_preview(n) for more.
+-- The fair order (070_scheduler.sql): the stamped queued jobs per lane and tier in key order,
+-- highest tier first; round 0 is the cursor's (the round of the last job claimed). A new job
+-- shows once a claim has stamped it. Within a lane and tier the claims take them in this
+-- order; across lanes and tiers, see pgqueue.claim_lanes.
 CREATE VIEW pgqueue.claim_order AS
-SELECT p.seq, p.tier, p.round, p.tenant_id, p.job_id, p.cost
-FROM pgqueue.claim_preview(
-    coalesce(nullif(current_setting('pgqueue.claim_order_rows', true), '')::integer, 100)) p
-ORDER BY p.seq;
+SELECT j.lane, j.priority AS tier, j.tenant_id, j.id AS job_id, j.cost,
+       j.key_round - coalesce(c.key_round, 0) AS round, j.key_place AS place, j.key_seq AS seq
+FROM pgqueue.jobs j
+LEFT JOIN LATERAL (SELECT x.key_round FROM pgqueue.cursors x
+                   WHERE x.lane = j.lane AND x.tier = j.priority
+                   ORDER BY x.key_round DESC LIMIT 1) c ON true
+WHERE j.state = 'queued' AND j.key_round IS NOT NULL
+ORDER BY j.priority, j.lane, j.key_round, j.key_place, j.key_seq;
 
 -- Per tenant and tier, over the last `service_window`: jobs and cost units served (claimed),
 -- queued now, the tenant's quantum (its DRR weight), and whether it was backlogged in the

@@ -1,0 +1,233 @@
+-- The claim entry points workers call: pgqueue.claim (the fair order alone) and
+-- pgqueue.claim_admitted (only jobs the provider's limits let through now). Both take from
+-- every lane with due work (pgqueue.claim_lanes), in each lane and tier in key order
+-- (070_scheduler.sql). No lock is shared across claimers. docs/drr.md explains the design.
+
+-- The tier-pick policy: GUC pgqueue.tier_policy (weighted | probabilistic | strict).
+CREATE OR REPLACE FUNCTION pgqueue.tier_policy()
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    name text := lower(btrim(coalesce(
+        nullif(current_setting('pgqueue.tier_policy', true), ''), 'weighted')));
+BEGIN
+    IF name NOT IN ('weighted', 'probabilistic', 'strict') THEN
+        RAISE EXCEPTION 'unknown tier policy %; expected weighted, probabilistic or strict',
+            quote_literal(name) USING ERRCODE = 'PQ009';
+    END IF;
+    RETURN name;
+END
+$$;
+
+-- A tier's weight under the weighted policy: GUC pgqueue.tier_weight_<tier>, else 70/25/5.
+CREATE OR REPLACE FUNCTION pgqueue.tier_weight(p_tier pgqueue.tier)
+RETURNS double precision
+LANGUAGE sql STABLE
+AS $$
+    SELECT pgqueue.setting('tier_weight_' || p_tier::text,
+                           CASE p_tier WHEN 'critical' THEN 70 WHEN 'standard' THEN 25 ELSE 5 END)
+$$;
+
+-- The lanes and tiers with unstamped due jobs (skip scans: one probe per pair).
+CREATE OR REPLACE FUNCTION pgqueue.lane_tiers_unstamped()
+RETURNS TABLE(lane text, tier pgqueue.tier)
+LANGUAGE sql STABLE
+AS $$
+    WITH RECURSIVE s(lane, tier) AS (
+        (SELECT j.lane, j.priority FROM pgqueue.jobs j
+         WHERE j.state = 'queued' AND j.key_round IS NULL ORDER BY j.lane, j.priority LIMIT 1)
+        UNION ALL
+        SELECT n.lane, n.priority FROM s, LATERAL (
+            SELECT j.lane, j.priority FROM pgqueue.jobs j
+            WHERE j.state = 'queued' AND j.key_round IS NULL
+              AND (j.lane, j.priority) > (s.lane, s.tier)
+            ORDER BY j.lane, j.priority LIMIT 1) n
+    )
+    SELECT s.lane, s.tier FROM s
+    WHERE EXISTS (SELECT FROM pgqueue.jobs j
+                  WHERE j.lane = s.lane AND j.priority = s.tier AND j.state = 'queued'
+                    AND j.key_round IS NULL AND j.run_at <= now())
+$$;
+
+-- The lanes and tiers with stamped jobs, and the head job of each in key order.
+CREATE OR REPLACE FUNCTION pgqueue.lane_tiers_stamped()
+RETURNS TABLE(lane text, tier pgqueue.tier, id bigint, kind text, model text)
+LANGUAGE sql STABLE
+AS $$
+    WITH RECURSIVE s(lane, tier, id, kind, model) AS (
+        (SELECT j.lane, j.priority, j.id, j.kind, j.model FROM pgqueue.jobs j
+         WHERE j.state = 'queued' AND j.key_round IS NOT NULL
+         ORDER BY j.lane, j.priority, j.key_round, j.key_place, j.key_seq LIMIT 1)
+        UNION ALL
+        SELECT n.* FROM s, LATERAL (
+            SELECT j.lane, j.priority, j.id, j.kind, j.model FROM pgqueue.jobs j
+            WHERE j.state = 'queued' AND j.key_round IS NOT NULL
+              AND (j.lane, j.priority) > (s.lane, s.tier)
+            ORDER BY j.lane, j.priority, j.key_round, j.key_place, j.key_seq LIMIT 1) n
+    )
+    SELECT * FROM s
+$$;
+
+-- Whether a claimed job goes to the batches lane (docs/batches.md) instead of the Messages
+-- API: a batch-tier anthropic.messages job of a tenant whose lane is on (its own batch_lane
+-- row, else the '' row, else off), unless one of its requests already expired in a batch
+-- (then it goes to the Messages API). Such a job takes nothing from the provider limiter.
+CREATE OR REPLACE FUNCTION pgqueue.batch_lane_takes(job_id bigint, tenant_id text,
+                                                    priority pgqueue.tier, kind text)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT batch_lane_takes.priority = 'batch' AND batch_lane_takes.kind = 'anthropic.messages'
+       AND coalesce((SELECT l.enabled FROM pgqueue.batch_lane l
+                     WHERE l.tenant_id = batch_lane_takes.tenant_id),
+                    (SELECT l.enabled FROM pgqueue.batch_lane l WHERE l.tenant_id = ''),
+                    false)
+       AND NOT EXISTS (SELECT 1 FROM pgqueue.batch_jobs b
+                       WHERE b.job_id = batch_lane_takes.job_id
+                         AND b.tenant_id = batch_lane_takes.tenant_id
+                         AND b.outcome = 'expired')
+$$;
+
+-- Claim up to p_max jobs over every lane, leased to p_worker. Each lane with due work is
+-- folded (its stamping, if no one else does it), then the lanes are served in the order of the
+-- highest tier each can send, then of its head job's arrival (LaneScheduler of
+-- pgqueue.scheduling.lanes). Within a lane the tier goes by pgqueue.tier_policy(): strict is
+-- priority order; weighted draws each slot's tier at random by weight among the lane's
+-- backlogged tiers (no row is written to keep the shares: in expectation each tier gets its
+-- weight's share of the slots); probabilistic takes critical with probability 0.9 when present,
+-- else standard:batch 25:5. Slots a tier cannot fill go to the others (work-conserving).
+-- With p_admit, a rate-limited lane (Messages API jobs of a model, not the batches lane's) goes
+-- one job at a time: the job's request and tokens are taken from the model's buckets
+-- (pgqueue.ratelimit_try_take); a lane in cooldown or out of tokens stops there and holds back
+-- no other lane. Rows: the jobs, then, when a lane was stopped and fewer than p_max were
+-- claimed, one row with a NULL job and the seconds until the soonest stopped lane frees up.
+CREATE OR REPLACE FUNCTION pgqueue.claim_lanes(p_max integer, p_worker text,
+                                               p_lease double precision, p_admit boolean)
+RETURNS TABLE(job pgqueue.jobs, blocked_seconds double precision)
+LANGUAGE plpgsql
+SET jit TO 'off'
+AS $$
+DECLARE
+    policy constant text := pgqueue.tier_policy();
+    all_tiers constant pgqueue.tier[] := enum_range(NULL::pgqueue.tier);
+    got integer := 0;
+    n integer;
+    blocked double precision;
+    wait double precision;
+    lane record;
+    t pgqueue.tier;
+    j pgqueue.jobs;
+    quota integer[];
+    x double precision;
+BEGIN
+    IF coalesce(p_max, 0) <= 0 THEN
+        RETURN;
+    END IF;
+    -- The (lane, tier) pairs with unstamped due jobs: a skip scan, then a fold of each.
+    PERFORM pgqueue.fold(u.lane, u.tier)
+    FROM pgqueue.lane_tiers_unstamped() u;
+    FOR lane IN
+        SELECT h.lane, array_agg(h.tier ORDER BY h.tier) AS tiers,
+               bool_or(h.kind = 'anthropic.messages' AND h.model IS NOT NULL) AS limited
+        FROM pgqueue.lane_tiers_stamped() h
+        GROUP BY h.lane
+        ORDER BY min(h.tier), (array_agg(h.id ORDER BY h.tier))[1], h.lane
+    LOOP
+        EXIT WHEN got >= p_max;
+        IF p_admit AND lane.limited THEN
+            LOOP
+                EXIT WHEN got >= p_max;
+                -- The tier to send: strict priority order among the backlogged tiers.
+                -- issue-28-shares: t := pgqueue.ratelimit_pick_tier(lane.lane, needs)
+                j := NULL;
+                FOREACH t IN ARRAY lane.tiers LOOP
+                    j := pgqueue.lane_head(lane.lane, t);
+                    EXIT WHEN j.id IS NOT NULL;
+                END LOOP;
+                EXIT WHEN j.id IS NULL;
+                wait := 0;
+                IF j.kind = 'anthropic.messages' AND j.model IS NOT NULL
+                   AND NOT pgqueue.batch_lane_takes(j.id, j.tenant_id, j.priority, j.kind) THEN
+                    wait := pgqueue.ratelimit_try_take(j.model, j.est_input_tokens,
+                                                       j.max_output_tokens);
+                END IF;
+                IF wait > 0 AND wait < 'Infinity'::double precision THEN
+                    blocked := least(coalesce(blocked, wait), wait);
+                    EXIT;
+                END IF;
+                RETURN QUERY SELECT c, NULL::double precision
+                             FROM pgqueue.claim_keyed(lane.lane, j.priority, 1, p_worker,
+                                                      p_lease, j.id) c;
+                got := got + 1;
+            END LOOP;
+            CONTINUE;
+        END IF;
+        -- Slots per tier by the policy, then what is left in priority order.
+        quota := '{0,0,0}';
+        FOR k IN 1 .. p_max - got LOOP
+            t := lane.tiers[1];
+            IF policy = 'weighted' THEN
+                x := random() * (SELECT sum(pgqueue.tier_weight(y)) FROM unnest(lane.tiers) y);
+                FOREACH t IN ARRAY lane.tiers LOOP
+                    x := x - pgqueue.tier_weight(t);
+                    EXIT WHEN x < 0;
+                END LOOP;
+            ELSIF policy = 'probabilistic' AND NOT ('critical' = ANY (lane.tiers)
+                                                     AND random() < 0.9) THEN
+                x := random() * 30;
+                t := CASE WHEN NOT 'batch' = ANY (lane.tiers) OR ('standard' = ANY (lane.tiers)
+                               AND x < 25) THEN 'standard'
+                          ELSE 'batch' END;
+                t := CASE WHEN t = ANY (lane.tiers) THEN t ELSE lane.tiers[1] END;
+            END IF;
+            n := array_position(all_tiers, t);
+            quota[n] := quota[n] + 1;
+        END LOOP;
+        FOR pass IN 1 .. 2 LOOP
+            FOREACH t IN ARRAY lane.tiers LOOP
+                n := CASE WHEN pass = 1 THEN quota[array_position(all_tiers, t)]
+                          ELSE p_max - got END;
+                CONTINUE WHEN n <= 0;
+                RETURN QUERY SELECT c, NULL::double precision
+                             FROM pgqueue.claim_keyed(lane.lane, t, n, p_worker, p_lease) c;
+                GET DIAGNOSTICS n = ROW_COUNT;
+                got := got + n;
+            END LOOP;
+        END LOOP;
+    END LOOP;
+    IF blocked IS NOT NULL AND got < p_max THEN
+        RETURN QUERY SELECT NULL::pgqueue.jobs, blocked;
+    END IF;
+END
+$$;
+
+-- Claim up to max_jobs jobs in the fair order, leased to worker_id (no provider limiter).
+CREATE OR REPLACE FUNCTION pgqueue.claim(max_jobs integer, worker_id text,
+                                         lease_seconds double precision)
+RETURNS SETOF pgqueue.jobs
+LANGUAGE sql
+AS $$
+    SELECT (c.job).* FROM pgqueue.claim_lanes(max_jobs, worker_id, lease_seconds, false) c
+    WHERE (c.job).id IS NOT NULL
+$$;
+
+-- The claim behind admission control by the provider's limits ("claim only when the job can
+-- be sent now"): pgqueue.claim_lanes with the limiter. The claim's commit does not wait for
+-- its WAL flush (job_claim_durable makes the handed-out claims durable): a claim lost in a
+-- crash only leaves its jobs queued, to be claimed again (every completion is fenced by the
+-- lease token).
+CREATE OR REPLACE FUNCTION pgqueue.claim_admitted(
+    max_jobs integer,
+    worker_id text,
+    lease_seconds double precision
+)
+RETURNS TABLE(job pgqueue.jobs, blocked_seconds double precision)
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    RETURN QUERY SELECT c.job, c.blocked_seconds
+                 FROM pgqueue.claim_lanes(max_jobs, worker_id, lease_seconds, true) c;
+END
+$$;
