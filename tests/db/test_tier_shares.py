@@ -116,14 +116,19 @@ steps = st.lists(
 @given(
     level=st.integers(0, 40_000).map(float),
     reserve=st.sampled_from([0.0, 0.125, 0.3]),
+    weights=st.sampled_from([(70.0, 25.0, 5.0), (1.0, 1.0, 1.0), (10.0, 30.0, 60.0)]),
     steps=steps,
 )
-def test_picks_and_levels_match_the_reference(conn, level, reserve, steps):
+def test_picks_and_levels_match_the_reference(conn, level, reserve, weights, steps):
     """Random sequences of heads and elapsed times: the same tier is picked and taken, and the
     level and each tier's guarantee agree within float tolerance; every backlogged tier's head
     is admissible in SQL exactly when it is in the reference."""
     limiter(conn, level=level, reserve=reserve)
-    ref = TierShares(LIMIT, level, 0.0, reserve * LIMIT)
+    for tier, weight in zip(Tier, weights, strict=True):
+        conn.execute(
+            "SELECT set_config(%s, %s, true)", (f"pgqueue.tier_weight_{tier.value}", str(weight))
+        )
+    ref = TierShares(LIMIT, level, 0.0, reserve * LIMIT, dict(zip(Tier, weights, strict=True)))
     now = 0.0
     for dt, *tier_needs in steps:
         heads = {t: n for t, n in zip(Tier, tier_needs, strict=True) if n is not None}

@@ -155,7 +155,10 @@ DECLARE
     tiers pgqueue.tier[] := enum_range(NULL::pgqueue.tier);
     need double precision[];
     g double precision[] := ARRAY[r.guarantee_critical, r.guarantee_standard, r.guarantee_batch];
-    w double precision[] := ARRAY(SELECT s.weight FROM pgqueue.tier_state s ORDER BY s.tier);
+    -- the tiers' weights (GUC pgqueue.tier_weight_<tier>, else 70, 25, 5)
+    w double precision[] := ARRAY[pgqueue.setting('tier_weight_critical', 70),
+                                  pgqueue.setting('tier_weight_standard', 25),
+                                  pgqueue.setting('tier_weight_batch', 5)];
     rate double precision := r.input_tokens_per_minute / 60.0;
     elapsed double precision := greatest(0, extract(epoch FROM now() - r.guarantees_at));
     total_w double precision := 0;

@@ -69,9 +69,9 @@ $$;
 
 -- How the tiers share a model's input-token bucket: the rule of TierShares
 -- (pgqueue/scheduling/capacity.py, the pure reference; docs/drr.md). While a tier is
--- backlogged its guarantee grows at its weight's share (tier_state.weight, 70:25:5 among the
--- backlogged tiers) of the refill; guaranteed tokens stay in the bucket for that tier. A tier
--- below an idle higher tier keeps the trunk reserve in the bucket (GUC
+-- backlogged its guarantee grows at its weight's share of the refill (70:25:5 among the
+-- backlogged tiers; GUCs pgqueue.tier_weight_<tier>); guaranteed tokens stay in the bucket for
+-- that tier. A tier below an idle higher tier keeps the trunk reserve in the bucket (GUC
 -- pgqueue.ratelimit_trunk_reserve, a share of the per-minute limit, default 0.125), never more
 -- than the limit minus its job's need, so every job that fits the bucket is let in eventually.
 
@@ -192,7 +192,10 @@ DECLARE
     tiers pgqueue.tier[] := enum_range(NULL::pgqueue.tier);
     need double precision[];
     g double precision[] := ARRAY[r.guarantee_critical, r.guarantee_standard, r.guarantee_batch];
-    w double precision[] := ARRAY(SELECT s.weight FROM pgqueue.tier_state s ORDER BY s.tier);
+    -- the tiers' weights (GUC pgqueue.tier_weight_<tier>, else 70, 25, 5)
+    w double precision[] := ARRAY[pgqueue.setting('tier_weight_critical', 70),
+                                  pgqueue.setting('tier_weight_standard', 25),
+                                  pgqueue.setting('tier_weight_batch', 5)];
     rate double precision := r.input_tokens_per_minute / 60.0;
     elapsed double precision := greatest(0, extract(epoch FROM now() - r.guarantees_at));
     total_w double precision := 0;
