@@ -24,12 +24,18 @@ LIMIT = 40_000.0
 Heads = dict[Tier, float]
 
 
-def limiter(conn: Conn, level: float = LIMIT, margin: float = 0.0, reserve: float = 0.125) -> None:
+def limiter(
+    conn: Conn, level: float = LIMIT, margin: float = 0.0, reserve: float | None = None
+) -> None:
     """A fresh row for model 'm': LIMIT input tokens a minute at ``level``; requests and output
-    tokens never bind. ``margin`` and ``reserve``: the GUCs, shares of the limit."""
+    tokens never bind. ``margin`` and ``reserve``: the GUCs, shares of the limit (``reserve``
+    None: the default, 1/4)."""
     conn.execute("DELETE FROM pgqueue.rate_limits")
     conn.execute("SELECT set_config('pgqueue.ratelimit_input_margin', %s, true)", (str(margin),))
-    conn.execute("SELECT set_config('pgqueue.ratelimit_trunk_reserve', %s, true)", (str(reserve),))
+    conn.execute(
+        "SELECT set_config('pgqueue.ratelimit_trunk_reserve', %s, true)",
+        ("" if reserve is None else str(reserve),),
+    )
     conn.execute(
         "INSERT INTO pgqueue.rate_limits (model, requests_per_minute, input_tokens_per_minute,"
         " output_tokens_per_minute, requests_available, input_tokens_available,"
@@ -115,7 +121,7 @@ steps = st.lists(
 @settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     level=st.integers(0, 40_000).map(float),
-    reserve=st.sampled_from([0.0, 0.125, 0.3]),
+    reserve=st.sampled_from([None, 0.0, 0.125]),
     weights=st.sampled_from([(70.0, 25.0, 5.0), (1.0, 1.0, 1.0), (10.0, 30.0, 60.0)]),
     steps=steps,
 )
@@ -128,7 +134,8 @@ def test_picks_and_levels_match_the_reference(conn, level, reserve, weights, ste
         conn.execute(
             "SELECT set_config(%s, %s, true)", (f"pgqueue.tier_weight_{tier.value}", str(weight))
         )
-    ref = TierShares(LIMIT, level, 0.0, reserve * LIMIT, dict(zip(Tier, weights, strict=True)))
+    tokens = None if reserve is None else reserve * LIMIT
+    ref = TierShares(LIMIT, level, 0.0, tokens, dict(zip(Tier, weights, strict=True)))
     now = 0.0
     for dt, *tier_needs in steps:
         heads = {t: n for t, n in zip(Tier, tier_needs, strict=True) if n is not None}
@@ -156,14 +163,14 @@ def test_a_lower_tier_leaves_the_reserve_while_critical_is_idle(conn):
     so it waits while critical and standard are idle (an untiered take, as before tiers, would
     take it). With critical and standard backlogged, each holding its own guarantee, the same
     job goes, and the guarantees stay in the bucket for their tiers."""
-    limiter(conn, level=8000)
+    limiter(conn, level=8000, reserve=0.125)
     assert pick(conn, {B: 4000}) is None
     wait = take(conn, 4000, B)
     assert wait == pytest.approx(1000 / (LIMIT / 60))  # 1,000 tokens short of the reserve
     assert row(conn)["input_tokens_available"] == 8000
     assert take(conn, 4000, None) == 0  # no tier: the bucket alone decides, as before
 
-    limiter(conn, level=6000)
+    limiter(conn, level=6000, reserve=0.125)
     elapse(conn, 3)  # 2,000 tokens refilled: 1,400 guaranteed to critical, 500 to standard
     heads = {C: 9000.0, S: 9000.0, B: 4000.0}  # critical's and standard's heads do not fit yet
     assert pick(conn, heads) is B
@@ -174,13 +181,20 @@ def test_a_lower_tier_leaves_the_reserve_while_critical_is_idle(conn):
     assert take(conn, 4000, B) > 0  # the next would eat into critical's and standard's
 
 
+def test_the_default_reserve_is_a_quarter_of_the_limit(conn):
+    """As TierShares' DEFAULT_RESERVE_FRACTION: 10,000 of 40,000 tokens."""
+    limiter(conn, level=12_000)
+    assert pick(conn, {B: 2001}) is None
+    assert pick(conn, {B: 2000}) is B
+
+
 def test_the_margin_still_guards_critical(conn):
     """Critical keeps no reserve, but every take leaves the input margin (2 % of the limit):
     the estimate's error. The reserve counts the margin in, rather than adding to it."""
     limiter(conn, level=1000, margin=0.02)
     assert pick(conn, {C: 500}) is None  # 500 + 800 > 1,000
     assert take(conn, 500, C) == pytest.approx(300 / (LIMIT / 60))
-    limiter(conn, level=10_000, margin=0.02)
+    limiter(conn, level=10_000, margin=0.02, reserve=0.125)
     assert pick(conn, {B: 5000}) is B
     assert take(conn, 5000, B) == 0  # leaves the 5,000 reserve exactly, the margin within
     assert take(conn, 1, B) > 0

@@ -1,7 +1,7 @@
 """The tiers share a model's input-token bucket (issue 28): guarantees per tier that grow at
 their weight's share of the refill while the tier is backlogged, and a trunk reserve that a
-lower tier leaves in the bucket while a higher tier is idle (TierShares, the pure reference in
-pgqueue/scheduling/capacity.py). Columns on ``pgqueue.rate_limits``, ``ratelimit_pick_tier``,
+lower tier leaves in the bucket while a higher tier is idle (GUC ratelimit_trunk_reserve, default
+1/4 of the limit; TierShares, the pure reference in pgqueue/scheduling/capacity.py). Columns on ``pgqueue.rate_limits``, ``ratelimit_pick_tier``,
 ``ratelimit_try_take`` with a tier, and the guarantees in ``rate_limit_state``.
 
 Revision ID: 0043
@@ -65,7 +65,7 @@ AS $$
         -- the tiers from critical down to p_tier: all backlogged, or p_tier itself
         WHEN enum_range(NULL::pgqueue.tier, p_tier) <@ (r.tiers_backlogged || p_tier) THEN 0
         ELSE greatest(0, least(
-            pgqueue.setting('ratelimit_trunk_reserve', 0.125) * r.input_tokens_per_minute,
+            pgqueue.setting('ratelimit_trunk_reserve', 0.25) * r.input_tokens_per_minute,
             r.input_tokens_per_minute - p_need))
     END
 $$;

@@ -72,7 +72,7 @@ $$;
 -- backlogged its guarantee grows at its weight's share of the refill (70:25:5 among the
 -- backlogged tiers; GUCs pgqueue.tier_weight_<tier>); guaranteed tokens stay in the bucket for
 -- that tier. A tier below an idle higher tier keeps the trunk reserve in the bucket (GUC
--- pgqueue.ratelimit_trunk_reserve, a share of the per-minute limit, default 0.125), never more
+-- pgqueue.ratelimit_trunk_reserve, a share of the per-minute limit, default 0.25), never more
 -- than the limit minus its job's need, so every job that fits the bucket is let in eventually.
 
 -- The reserve `p_tier` must leave for a job needing `p_need` tokens: none when every higher
@@ -87,7 +87,7 @@ AS $$
         -- the tiers from critical down to p_tier: all backlogged, or p_tier itself
         WHEN enum_range(NULL::pgqueue.tier, p_tier) <@ (r.tiers_backlogged || p_tier) THEN 0
         ELSE greatest(0, least(
-            pgqueue.setting('ratelimit_trunk_reserve', 0.125) * r.input_tokens_per_minute,
+            pgqueue.setting('ratelimit_trunk_reserve', 0.25) * r.input_tokens_per_minute,
             r.input_tokens_per_minute - p_need))
     END
 $$;
@@ -101,7 +101,7 @@ $$;
 -- 40.3k tokens in its first second and met a 429. With `p_tier`, the tier's rule too: paid
 -- from its guarantee, or from its guarantee and the tokens no guarantee holds, leaving its
 -- reserve. The margin guards every take, the reserve only some: the reserve counts the margin
--- in rather than adding to it (a take leaving the 12.5 % reserve leaves the 2 % margin), so
+-- in rather than adding to it (a take leaving the 25 % reserve leaves the 2 % margin), so
 -- the margin binds alone only where no reserve is kept (critical, or below busy tiers). The
 -- tier's wait is a lower bound (others' guarantees grow meanwhile): the caller asks again.
 CREATE OR REPLACE FUNCTION pgqueue.ratelimit_wait(r pgqueue.rate_limits, p_tier pgqueue.tier,
