@@ -181,6 +181,22 @@ def test_a_lower_tier_leaves_the_reserve_while_critical_is_idle(conn):
     assert take(conn, 4000, B) > 0  # the next would eat into critical's and standard's
 
 
+def test_guarantees_never_hold_more_than_the_bucket(conn):
+    """A take without a tier (or a provider's header) may lower the level under the sum of
+    the guarantees: the lowest tiers give theirs back first. rate_limit_state shows them."""
+    limiter(conn, level=6000, reserve=0.125)
+    elapse(conn, 3)
+    assert pick(conn, {C: 9000.0, S: 9000.0, B: 4000.0}) is B
+    assert guarantees(conn) == pytest.approx([1400, 500, 100])
+    assert take(conn, 7000, None) == 0
+    assert guarantees(conn) == pytest.approx([1000, 0, 0])
+    shown = conn.execute(
+        "SELECT guarantee_critical, guarantee_standard, guarantee_batch,"
+        " tiers_backlogged::text[] FROM pgqueue.rate_limit_state WHERE model = 'm'"
+    ).fetchone()
+    assert shown == (pytest.approx(1000), 0, 0, ["critical", "standard", "batch"])
+
+
 def test_the_default_reserve_is_a_quarter_of_the_limit(conn):
     """As TierShares' DEFAULT_RESERVE_FRACTION: 10,000 of 40,000 tokens."""
     limiter(conn, level=12_000)
