@@ -162,7 +162,8 @@ def test_a_lower_tier_leaves_the_reserve_while_critical_is_idle(conn):
     """8,000 tokens in the bucket, reserve 5,000: a 4,000-token batch job would leave 4,000,
     so it waits while critical and standard are idle (an untiered take, as before tiers, would
     take it). With critical and standard backlogged, each holding its own guarantee, the same
-    job goes, and the guarantees stay in the bucket for their tiers."""
+    job goes, and the guarantees stay in the bucket for their tiers. With standard idle it
+    waits again: the reserve is kept below any idle higher tier (TierShares._reserve_for)."""
     limiter(conn, level=8000, reserve=0.125)
     assert pick(conn, {B: 4000}) is None
     wait = take(conn, 4000, B)
@@ -179,6 +180,11 @@ def test_a_lower_tier_leaves_the_reserve_while_critical_is_idle(conn):
     assert row(conn)["input_tokens_available"] == pytest.approx(4000)
     assert guarantees(conn) == pytest.approx([1400, 500, 0])
     assert take(conn, 4000, B) > 0  # the next would eat into critical's and standard's
+
+    limiter(conn, level=6000, reserve=0.125)  # the same with standard idle: batch is below it
+    elapse(conn, 3)
+    assert pick(conn, {C: 9000.0, B: 4000.0}) is None
+    assert guarantees(conn) == pytest.approx([2000 * 70 / 75, 0, 2000 * 5 / 75])
 
 
 def test_guarantees_never_hold_more_than_the_bucket(conn):
