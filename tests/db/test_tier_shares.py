@@ -233,6 +233,29 @@ def test_the_ratio_applies_to_the_heads_as_to_the_take(conn):
     assert row(conn)["input_tokens_available"] == pytest.approx(2000)
 
 
+def test_the_pick_sees_the_cooldown_the_requests_and_the_output_tokens(conn):
+    """As ratelimit_try_take decides: nothing during a cooldown or without a request; a tier
+    whose head's max_tokens do not fit the output bucket is passed over for one whose do."""
+    limiter(conn)
+    conn.execute(
+        "UPDATE pgqueue.rate_limits SET output_tokens_per_minute = 8000,"
+        " output_tokens_available = 1000"
+    )
+    both = "SELECT pgqueue.ratelimit_pick_tier('m', '{500,500,NULL}', %s::double precision[])"
+    assert conn.execute(both, ([2000, 800, None],)).fetchone()[0] == "standard"
+    assert conn.execute(both, ([800, 800, None],)).fetchone()[0] == "critical"
+    assert conn.execute(both, ([2000, 2000, None],)).fetchone()[0] is None
+    assert pick(conn, {C: 500}) is C  # no output needs given: not checked here
+    conn.execute("UPDATE pgqueue.rate_limits SET requests_available = 0.5")
+    assert pick(conn, {C: 500}) is None
+    conn.execute(
+        "UPDATE pgqueue.rate_limits SET requests_available = 50,"
+        " cooldown_until = now() + interval '30 seconds'"
+    )
+    assert pick(conn, {C: 500}) is None
+    assert take(conn, 500, C) == pytest.approx(30)
+
+
 def test_a_job_larger_than_the_bucket_is_let_through(conn):
     """A head larger than the bucket's limit can never be sent whole: the pick names its tier
     (as claim_admitted lets such a job through, for the provider to refuse), so it does not
