@@ -281,7 +281,9 @@ CREATE TABLE pgqueue.admission (
 INSERT INTO pgqueue.admission (tier) VALUES ('critical'), ('standard'), ('batch');
 
 -- The shared provider limiter: per model, limits per minute, token-bucket levels refilled
--- to refreshed_at, cooldown after a 429, the observed input-estimate ratio.
+-- to refreshed_at, cooldown after a 429, the observed input-estimate ratio; the input tokens
+-- each tier's guarantee holds in the bucket, grown up to guarantees_at, and the tiers that
+-- were backlogged then (ratelimit_pick_tier, 060_rate_limiter.sql).
 CREATE TABLE pgqueue.rate_limits (
     model text NOT NULL,
     requests_per_minute double precision NOT NULL,
@@ -294,6 +296,11 @@ CREATE TABLE pgqueue.rate_limits (
     cooldown_until timestamp with time zone,
     input_estimate_ratio double precision DEFAULT 1.0 NOT NULL,
     limits_from_headers boolean DEFAULT false NOT NULL,
+    guarantee_critical double precision DEFAULT 0 NOT NULL,
+    guarantee_standard double precision DEFAULT 0 NOT NULL,
+    guarantee_batch double precision DEFAULT 0 NOT NULL,
+    guarantees_at timestamp with time zone DEFAULT now() NOT NULL,
+    tiers_backlogged pgqueue.tier[] DEFAULT '{}'::pgqueue.tier[] NOT NULL,
     CONSTRAINT rate_limits_input_estimate_ratio_check CHECK ((input_estimate_ratio > (0)::double precision)),
     CONSTRAINT rate_limits_input_tokens_per_minute_check CHECK ((input_tokens_per_minute > (0)::double precision)),
     CONSTRAINT rate_limits_model_check CHECK ((model <> ''::text)),

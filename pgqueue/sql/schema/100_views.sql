@@ -212,7 +212,9 @@ FROM (VALUES ('5m', interval '5 minutes'), ('1h', interval '1 hour'),
              ('24h', interval '24 hours')) AS w(window_name, slo_window)
 CROSS JOIN LATERAL pgqueue.latency_slo_in(w.slo_window) s;
 
--- Per model: limits, levels refilled to now, cooldown, estimate ratio (read-only).
+-- Per model: limits, levels refilled to now, cooldown, estimate ratio, and the input tokens
+-- each tier's guarantee held at the last pick (guarantees_at), with the tiers then backlogged
+-- (read-only).
 CREATE VIEW pgqueue.rate_limit_state AS
 SELECT l.model, l.requests_per_minute, l.input_tokens_per_minute, l.output_tokens_per_minute,
        least(l.requests_per_minute, l.requests_available
@@ -225,7 +227,9 @@ SELECT l.model, l.requests_per_minute, l.input_tokens_per_minute, l.output_token
              + greatest(0, extract(epoch FROM now() - l.refreshed_at)) * l.output_tokens_per_minute / 60.0)
            AS output_tokens_available,
        coalesce(l.cooldown_until > now(), false) AS cooling_down,
-       l.cooldown_until, l.input_estimate_ratio, l.limits_from_headers
+       l.cooldown_until, l.input_estimate_ratio, l.limits_from_headers,
+       l.guarantee_critical, l.guarantee_standard, l.guarantee_batch, l.guarantees_at,
+       l.tiers_backlogged
 FROM pgqueue.rate_limits l;
 
 -- Per tier: queued jobs (from the counters, no scan of jobs), the caps and policy, and the
