@@ -33,6 +33,12 @@ from tests.apps.harness import jobs, wait_until
 Conn = psycopg.Connection[Any]
 
 V2 = pytest.mark.xfail(strict=True, reason="scheduler v2: no claim waits on another (issue 28)")
+#: The Messages API kind also takes the model's limiter row (pgqueue.ratelimit_row locks it FOR
+#: UPDATE until the claim's transaction ends): a hung claimer holds it too.
+V2_LIMITER = pytest.mark.xfail(
+    strict=True, reason="scheduler v2: no claim waits on another, nor on its limiter row (issue 28)"
+)
+HUNG_KINDS = [pytest.param("noop", marks=V2), pytest.param("messages", marks=V2_LIMITER)]
 MODEL = "m"
 KINDS = ["noop", "messages"]
 #: How long a claim that must not wait may wait for a lock, and run in all.
@@ -126,8 +132,7 @@ def test_a_claimer_terminated_mid_claim_leaves_the_jobs_to_the_next(roomy: str, 
             dead.close()
 
 
-@V2
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", HUNG_KINDS)
 def test_a_hung_claimer_does_not_stop_another_from_claiming_queued_jobs(
     roomy: str, kind: str
 ) -> None:
@@ -144,8 +149,7 @@ def test_a_hung_claimer_does_not_stop_another_from_claiming_queued_jobs(
         hung.rollback()
 
 
-@V2
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", HUNG_KINDS)
 def test_a_hung_claimer_does_not_stop_another_from_claiming_jobs_that_arrive_after_it(
     roomy: str, kind: str
 ) -> None:
