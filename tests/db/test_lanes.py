@@ -32,7 +32,6 @@ from tests.conftest import _create_db, _drop_db, dsn_for
 
 Conn = psycopg.Connection[Any]
 
-V2 = pytest.mark.xfail(strict=True, reason="scheduler v2 lanes (issue 28)")
 TENANTS = ("t0", "t1", "t2")
 #: Jobs each tenant queues per lane: more than any bucket below admits.
 PER_TENANT = 40
@@ -103,7 +102,6 @@ def _run(dsn: str, *, limits: dict[str, int], cooldowns: dict[str, float]) -> Co
     return _drain(dsn)
 
 
-@V2
 def test_a_model_in_a_429_cooldown_leaves_another_model_its_rate(
     db_dsn: str, baseline_dsn: str
 ) -> None:
@@ -118,7 +116,6 @@ def test_a_model_in_a_429_cooldown_leaves_another_model_its_rate(
     assert without["fast"] >= RPM, without  # its bucket (and what refilled meanwhile)
 
 
-@V2
 def test_a_model_held_to_6_rpm_costs_another_model_nothing(db_dsn: str, baseline_dsn: str) -> None:
     """'held' at 6 requests per minute, no 429 at all: 'free' (RPM) claims as many jobs as in
     a run where 'held' has no binding limit."""
@@ -132,7 +129,6 @@ def test_a_model_held_to_6_rpm_costs_another_model_nothing(db_dsn: str, baseline
     assert without["held"] == PER_TENANT * len(TENANTS), without  # not limited: every job
 
 
-@V2
 @pytest.mark.parametrize("hold", ["cooldown", "spent bucket"])
 def test_a_kind_with_no_provider_limit_is_never_held_by_a_model(db_dsn: str, hold: str) -> None:
     """No-op jobs (no provider limit: their own lane) of the same tenants, queued between the
