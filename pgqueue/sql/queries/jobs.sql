@@ -24,10 +24,10 @@ FROM pgqueue.claim_admitted(%(limit)s, %(worker_id)s, %(lease_seconds)s) AS c
 -- bucket among them, are released sooner), so a crash of Postgres could lose a claim already
 -- handed out, and its jobs ran again with their attempt not counted (found by a fault run: 4
 -- jobs ran twice, attempts 1). This statement rewrites one claimed row as it is (fenced by
--- its lease) and commits with synchronous_commit on: a commit that wrote WAL waits for the flush past its own commit
--- record, so past the claim's too (WAL is one sequence). (A commit that wrote nothing, such as
--- txid_current()'s, does not wait.) The wait holds none of the claim's locks, and concurrent
--- flushes are grouped.
+-- its lease) and commits with synchronous_commit on: a commit that wrote WAL waits for the
+-- flush past its own commit record, so past the claim's too (WAL is one sequence). (A commit
+-- that wrote nothing, such as txid_current()'s, does not wait.) The wait holds none of the
+-- claim's locks, and concurrent flushes are grouped.
 UPDATE pgqueue.jobs
 SET lease_expires_at = lease_expires_at
 WHERE id = %(id)s AND tenant_id = %(tenant_id)s
