@@ -29,8 +29,8 @@ BEGIN
             worker_id = p_worker, lease_token = gen_random_uuid(),
             lease_expires_at = now() + make_interval(secs => p_lease)
         FROM picked WHERE j.id = picked.id AND j.tenant_id = picked.tenant_id
-        RETURNING j.*
+        RETURNING j
     )
-    SELECT t, NULL::double precision FROM taken t ORDER BY t.run_at, t.id;
+    SELECT t.j, NULL::double precision FROM taken t ORDER BY (t.j).run_at, (t.j).id;
 END
 $$;
