@@ -1,0 +1,251 @@
+"""A tenant's own role (``pgqueue grant``, bound in ``pgqueue.tenant_roles``) attacking the
+shared books and limits with what it may set and call (issue 32, found by a hostile tester).
+
+Whatever the session sets, the queue counters stay exact (never negative), a tier's cap holds
+for every tenant, the payload cap and ``require_known_tenant`` are the admin's, and a full tier
+does not tell a producer how many jobs other tenants have queued.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+import pgqueue
+from tests.db.tenant_support import bound_producer
+
+PAYLOAD = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+FORGE_INSERT_MARK = (
+    "SELECT set_config('pgqueue.insert_bookkept', pg_current_xact_id()::text || '/0', true)"
+)
+FORGE_CLAIM_MARK = "SELECT set_config('pgqueue.claim_counted', pg_current_xact_id()::text, true)"
+# Every SQL way in for one job of tenant evil (batch tier), and for two.
+ENQUEUE_ONE = (
+    "SELECT pgqueue.enqueue('evil', 'batch_job', %(p)s)",
+    "SELECT id FROM pgqueue.try_enqueue('evil', 'batch_job', %(p)s)",
+)
+ENQUEUE_TWO = (
+    "SELECT pgqueue.enqueue_many(ARRAY['evil', 'evil'], ARRAY['batch_job', 'batch_job'],"
+    " ARRAY[%(p)s, %(p)s]::jsonb[])",
+    "SELECT id FROM pgqueue.try_enqueue_batch(ARRAY['evil', 'evil'],"
+    " ARRAY['batch_job', 'batch_job'], jsonb_build_array(%(p)s, %(p)s))",
+    "SELECT id FROM pgqueue.try_enqueue_many(ARRAY['evil', 'evil'],"
+    " ARRAY['batch_job', 'batch_job'], ARRAY[%(p)s, %(p)s]::jsonb[])",
+)
+
+
+@pytest.fixture
+def evil(db_dsn: str) -> Iterator[str]:
+    """The DSN of a producer role bound to tenant evil."""
+    with bound_producer(db_dsn, "evil") as dsn:
+        yield dsn
+
+
+def _books(db_dsn: str) -> tuple[dict[Any, int], dict[Any, int], int]:
+    """(counters, queued jobs, the lowest counter), each keyed by (tier, tenant) and by
+    (tier, None) for a tier; read as the owner."""
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        rows = c.execute(
+            "SELECT (tier::text, tenant_id), sum(queued)::int FROM pgqueue.queue_counts GROUP BY 1"
+        ).fetchall()
+        queued = dict(
+            c.execute(
+                "SELECT (priority::text, tenant_id), count(*)::int FROM pgqueue.jobs"
+                " WHERE state = 'queued'"
+                " GROUP BY GROUPING SETS ((priority, tenant_id), (priority))"
+            ).fetchall()
+        )
+    counters = {key: n for key, n in rows if n != 0}
+    return counters, queued, min((n for _, n in rows), default=0)
+
+
+def _fill(db_dsn: str, tenant: str, n: int) -> int:
+    """Enqueue batch jobs for ``tenant`` as the owner until the tier refuses one; how many
+    were admitted (at most ``n``)."""
+    with psycopg.connect(db_dsn, autocommit=True) as owner:
+        for k in range(n):
+            try:
+                pgqueue.enqueue(owner, tenant_id=tenant, origin="batch_job", payload=PAYLOAD)
+            except pgqueue.QueueFull:
+                return k
+    return n
+
+
+def test_a_forged_insert_mark_leaves_no_job_uncounted(db_dsn: str, evil: str) -> None:
+    """Before: the mark ``<xact>/0`` set by hand skipped the insert trigger for enqueue_many;
+    those jobs were never counted, and cancelling them drove the tier's count to -N, so the
+    tier admitted N jobs past its cap, for every tenant."""
+    with psycopg.connect(db_dsn, autocommit=True) as owner:
+        owner.execute("SELECT pgqueue.admission_set('batch', 8, NULL, 'reject')")
+    with psycopg.connect(evil) as conn:
+        for call in ENQUEUE_ONE + ENQUEUE_TWO:
+            conn.execute(FORGE_INSERT_MARK)
+            conn.execute(call, {"p": Jsonb(PAYLOAD)})
+        conn.commit()
+        counters, queued, lowest = _books(db_dsn)
+        assert counters == queued == {("batch", "evil"): 8, ("batch", None): 8}
+        conn.execute(FORGE_INSERT_MARK)
+        assert conn.execute("SELECT pgqueue.cancel_queued('evil')").fetchone() == (8,)
+        conn.commit()
+    counters, queued, lowest = _books(db_dsn)
+    assert counters == queued == {}
+    assert lowest >= 0
+    assert _fill(db_dsn, "globex", 20) == 8  # the cap holds for everyone
+
+
+def test_a_forged_claim_mark_does_not_keep_cancelled_jobs_counted(db_dsn: str, evil: str) -> None:
+    """Before: the claim's mark set by hand made the update trigger skip a producer's
+    cancels; the cancelled jobs stayed counted and filled the tier's cap for every tenant."""
+    with psycopg.connect(db_dsn, autocommit=True) as owner:
+        owner.execute("SELECT pgqueue.admission_set('batch', 4, NULL, 'reject')")
+    with psycopg.connect(evil) as conn:
+        ids = [
+            pgqueue.enqueue(conn, tenant_id="evil", origin="batch_job", payload=PAYLOAD)
+            for _ in range(4)
+        ]
+        conn.commit()
+        conn.execute(FORGE_CLAIM_MARK)
+        assert conn.execute("SELECT pgqueue.cancel(%s)", (ids[0],)).fetchone() == ("cancelled",)
+        conn.execute(FORGE_CLAIM_MARK)
+        assert conn.execute("SELECT pgqueue.cancel_queued('evil')").fetchone() == (3,)
+        conn.commit()
+    counters, queued, lowest = _books(db_dsn)
+    assert counters == queued == {}
+    assert lowest >= 0
+    assert _fill(db_dsn, "globex", 10) == 4
+
+
+BIG = {**PAYLOAD, "pad": "x" * 1_500_000}  # over the default cap of 1 MiB
+RAISE_CAP = (
+    "SET pgqueue.max_payload_bytes = 100000000000",
+    "SELECT set_config('pgqueue.max_payload_bytes', '100000000000', false)",
+    "SELECT set_config('pgqueue.max_payload_bytes', '100000000000', true)",
+)
+
+
+def _payload_calls(payload: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [(c, {"p": Jsonb(payload)}) for c in ENQUEUE_ONE + ENQUEUE_TWO]
+
+
+def test_a_producer_cannot_raise_the_payload_cap(db_dsn: str, evil: str) -> None:
+    """Before: SET pgqueue.max_payload_bytes = 1e11 let a tenant's role enqueue 1.5 MB."""
+    with psycopg.connect(evil, autocommit=True) as conn:
+        for setting in RAISE_CAP:
+            conn.execute(setting)
+            for call, args in _payload_calls(BIG):
+                with pytest.raises(psycopg.Error) as info:
+                    conn.execute(call, args)
+                assert info.value.sqlstate == "PQ002"
+    with psycopg.connect(db_dsn, autocommit=True) as owner:
+        assert owner.execute("SELECT count(*) FROM pgqueue.jobs").fetchone() == (0,)
+
+
+def test_the_admins_payload_cap_binds_producers_both_ways(db_dsn: str, evil: str) -> None:
+    """The cap a producer gets is the one set for the database (ALTER DATABASE ... SET),
+    lower or higher than the default, whatever the session sets."""
+    dbname = psycopg.conninfo.conninfo_to_dict(db_dsn)["dbname"]
+    small = {**PAYLOAD, "pad": "x" * 3000}
+
+    def alter(value: int) -> None:
+        with psycopg.connect(db_dsn, autocommit=True) as owner:
+            owner.execute(
+                sql.SQL("ALTER DATABASE {} SET pgqueue.max_payload_bytes = {}").format(
+                    sql.Identifier(str(dbname)), sql.Literal(str(value))
+                )
+            )
+
+    alter(2000)
+    with psycopg.connect(evil, autocommit=True) as conn:
+        conn.execute("SET pgqueue.max_payload_bytes = 100000000000")
+        for call, args in _payload_calls(small):
+            with pytest.raises(psycopg.Error) as info:
+                conn.execute(call, args)
+            assert info.value.sqlstate == "PQ002"
+    alter(4_000_000)
+    with psycopg.connect(evil, autocommit=True) as conn:
+        conn.execute("SET pgqueue.max_payload_bytes = 100")
+        for call, args in _payload_calls(BIG):
+            conn.execute(call, args)
+    with psycopg.connect(db_dsn, autocommit=True) as owner:
+        assert owner.execute("SELECT count(*) FROM pgqueue.jobs").fetchone() == (8,)
+
+
+def test_a_producer_cannot_switch_off_require_known_tenant(db_dsn: str, evil: str) -> None:
+    dbname = psycopg.conninfo.conninfo_to_dict(db_dsn)["dbname"]
+    with psycopg.connect(db_dsn, autocommit=True) as owner:
+        owner.execute(
+            sql.SQL("ALTER DATABASE {} SET pgqueue.require_known_tenant = on").format(
+                sql.Identifier(str(dbname))
+            )
+        )
+    with psycopg.connect(evil, autocommit=True) as conn:
+        conn.execute("SET pgqueue.require_known_tenant = off")
+        for call, args in _payload_calls(PAYLOAD):
+            with pytest.raises(psycopg.Error) as info:
+                conn.execute(call, args)
+            assert info.value.sqlstate == "PQ007"
+    with psycopg.connect(db_dsn, autocommit=True) as owner:
+        assert owner.execute("SELECT count(*) FROM pgqueue.tenants").fetchone() == (0,)
+
+
+def test_a_full_tier_tells_a_producer_its_cap_not_others_depth(db_dsn: str, evil: str) -> None:
+    """Before: 'queue full: tier standard holds 3 queued jobs' told evil globex's backlog."""
+    with psycopg.connect(db_dsn, autocommit=True) as owner:
+        owner.execute("SELECT pgqueue.admission_set('standard', 3, NULL, 'reject')")
+        owner.execute("SELECT pgqueue.admission_set('batch', 3, NULL, 'drop')")
+        for origin, sla in (("scheduled", 60.0), ("batch_job", None)):
+            for _ in range(3):
+                pgqueue.enqueue(
+                    owner, tenant_id="globex", origin=origin, payload=PAYLOAD, sla_seconds=sla
+                )
+    with psycopg.connect(evil, autocommit=True) as conn:
+        with pytest.raises(pgqueue.QueueFull) as info:
+            pgqueue.enqueue(
+                conn, tenant_id="evil", origin="scheduled", payload=PAYLOAD, sla_seconds=60
+            )
+        err = info.value
+        assert (err.tier, err.scope, err.depth, err.cap) == ("standard", "tier", None, 3)
+        assert "holds" not in str(err)
+        with pytest.raises(pgqueue.QueueFull) as info:
+            pgqueue.enqueue_many(
+                conn, [pgqueue.JobSpec("evil", "scheduled", PAYLOAD, sla_seconds=60)]
+            )
+        assert (info.value.depth, info.value.cap) == (None, 3)
+        with pytest.raises(psycopg.Error) as sql_info:
+            conn.execute("SELECT pgqueue.enqueue('evil', 'scheduled', %s, 60)", (Jsonb(PAYLOAD),))
+        assert sql_info.value.sqlstate == "PQ010"
+        assert sql_info.value.diag.message_primary == (
+            "queue full: tier standard is at its cap of queued jobs (cap 3, policy reject)"
+        )
+        assert '"depth" : null' in str(sql_info.value.diag.message_detail)
+        rows = [
+            conn.execute(
+                "SELECT outcome, depth, cap FROM pgqueue.try_enqueue('evil', 'scheduled', %s, 60)",
+                (Jsonb(PAYLOAD),),
+            ).fetchone(),
+            conn.execute(
+                "SELECT outcome, depth, cap FROM pgqueue.try_enqueue('evil', 'batch_job', %s)",
+                (Jsonb(PAYLOAD),),
+            ).fetchone(),
+            *conn.execute(
+                "SELECT outcome, depth, cap FROM pgqueue.try_enqueue_many(ARRAY['evil'],"
+                " ARRAY['scheduled'], ARRAY[%s]::jsonb[], ARRAY[60::float8])",
+                (Jsonb(PAYLOAD),),
+            ).fetchall(),
+            *conn.execute(
+                "SELECT outcome, depth, cap FROM pgqueue.try_enqueue_batch(ARRAY['evil'],"
+                " ARRAY['batch_job'], jsonb_build_array(%s::jsonb))",
+                (Jsonb(PAYLOAD),),
+            ).fetchall(),
+        ]
+        assert rows == [
+            ("full", None, 3),
+            ("dropped", None, 3),
+            ("full", None, 3),
+            ("dropped", None, 3),
+        ]
