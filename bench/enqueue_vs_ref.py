@@ -58,7 +58,7 @@ def _migrate_ref(dsn: str, ref: str) -> None:
         "migrate.upgrade(sys.argv[1])"
     )
     env = {**os.environ, "PYTHONPATH": ref}
-    subprocess.run([sys.executable, "-c", code, dsn, ref], check=True, env=env)
+    subprocess.run([sys.executable, "-c", code, dsn, ref], check=True, env=env, cwd=ref)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,9 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         with psycopg.connect(args.dsn, autocommit=True) as admin:
             for name in names.values():
                 admin.execute(
-                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                        sql.Identifier(name)
-                    )
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
                 )
             if args.as_producer:
                 admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))

@@ -8,15 +8,18 @@ does not tell a producer how many jobs other tenants have queued.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from psycopg.types.json import Jsonb
 
 import pgqueue
+from pgqueue.db import queries
 from tests.db.tenant_support import bound_producer
 
 PAYLOAD = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
@@ -249,3 +252,39 @@ def test_a_full_tier_tells_a_producer_its_cap_not_others_depth(db_dsn: str, evil
             ("full", None, 3),
             ("dropped", None, 3),
         ]
+
+
+SCHEDULER_LOCK = 7310575183440224370  # drr_dispatch's advisory lock key
+TAKE_LOCK = (
+    f"SELECT pg_advisory_lock({SCHEDULER_LOCK})",
+    f"SELECT pg_try_advisory_lock({SCHEDULER_LOCK})",
+    f"SELECT pg_advisory_lock_shared({SCHEDULER_LOCK})",
+    "SELECT pg_advisory_lock(1, 2)",
+)
+
+
+def test_advisory_locks_can_be_kept_from_producers(db_dsn: str, evil: str) -> None:
+    """Found by a hostile tenant: pg_advisory_lock(<the scheduler's key>) as a producer stopped
+    every claim of every worker until its session ended. After `pgqueue grant
+    --restrict-advisory-locks` it is refused, and a worker role still claims."""
+    worker = f"pq_w_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(db_dsn, autocommit=True) as owner:
+        queries.run(owner, "security_restrict_advisory_locks")
+        owner.execute(
+            sql.SQL("CREATE ROLE {} LOGIN IN ROLE pgqueue_worker").format(sql.Identifier(worker))
+        )
+        pgqueue.enqueue(owner, tenant_id="globex", origin="user_action", payload=PAYLOAD)
+    try:
+        with psycopg.connect(evil, autocommit=True) as conn:
+            for call in TAKE_LOCK:
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    conn.execute(call)
+        with psycopg.connect(make_conninfo(db_dsn, user=worker), autocommit=True) as conn:
+            claimed = queries.run(
+                conn, "job_claim", {"limit": 5, "worker_id": "w", "lease_seconds": 60}
+            )
+            assert [job["tenant_id"] for job in claimed] == ["globex"]
+    finally:
+        with psycopg.connect(db_dsn, autocommit=True) as owner:
+            owner.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(worker)))
+            owner.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(worker)))
