@@ -288,3 +288,51 @@ def test_advisory_locks_can_be_kept_from_producers(db_dsn: str, evil: str) -> No
         with psycopg.connect(db_dsn, autocommit=True) as owner:
             owner.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(worker)))
             owner.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(worker)))
+
+
+# The advisory lock keys the rescuer, the pruner and a tenant's demotion took before revision
+# 0040 (hashtextextended('pgqueue.demote:' || tenant, 0) for the demotion).
+RESCUE_KEY, PRUNE_KEY = 0x7067_7175_6575_5253, 0x7067_7175_6575_5052
+
+
+def test_advisory_locks_held_by_a_producer_stop_no_rescue_prune_or_demotion(
+    db_dsn: str, evil: str
+) -> None:
+    """Found by a hostile tenant: holding the rescuer's key (pg_advisory_lock) made every
+    rescue skip its round, the pruner's every prune, and globex's demotion key made each
+    completion that demoted globex wait. They now lock rows a producer may not lock."""
+    with psycopg.connect(db_dsn, autocommit=True) as owner:
+        lost, old = (
+            pgqueue.enqueue(owner, tenant_id="globex", origin="batch_job", payload=PAYLOAD)
+            for _ in range(2)
+        )
+        owner.execute(
+            "UPDATE pgqueue.jobs SET state = 'running', lease_token = gen_random_uuid(),"
+            " lease_expires_at = now() - interval '1 minute' WHERE id = %s",
+            (lost,),
+        )
+        owner.execute(
+            "UPDATE pgqueue.jobs SET state = 'succeeded', finished_at = now() - interval '2 days'"
+            " WHERE id = %s",
+            (old,),
+        )
+        owner.execute(
+            "INSERT INTO pgqueue.usage_daily (tenant_id, day, requests, input_tokens)"
+            " VALUES ('globex', pgqueue.budget_day(), 1, 10000000)"
+        )
+    with psycopg.connect(evil, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_advisory_lock(%s), pg_advisory_lock(%s),"
+            " pg_advisory_lock(hashtextextended('pgqueue.demote:globex', 0))",
+            (RESCUE_KEY, PRUNE_KEY),
+        )
+        with psycopg.connect(db_dsn, autocommit=True) as owner:
+            owner.execute("SET lock_timeout = '2s'")
+            rescued = queries.run(owner, "job_rescue", {"limit": 10})
+            pruned = queries.run(owner, "job_prune", {"older_than_seconds": 3600, "limit": 10})
+            why = owner.execute("SELECT pgqueue.demotion_check('globex')").fetchone()
+            demoted = owner.execute("SELECT pgqueue.is_demoted('globex')").fetchone()
+    assert [(r["id"], r["state"]) for r in rescued] == [(lost, "queued")]
+    assert pruned == {"deleted": 1}
+    assert why is not None and why[0] is not None
+    assert demoted == (True,)

@@ -11,7 +11,11 @@ raise the system's limits with settings it sets itself (issue 32, found by a hos
 - ``pgqueue.max_payload_bytes`` and ``pgqueue.require_known_tenant`` are read by the new
   ``pgqueue.guarded_setting``: for a producer, only what an admin set (ALTER DATABASE ... SET,
   ALTER ROLE ALL SET), never the session's value;
-- a full tier tells a producer its cap, not its depth (every tenant's jobs).
+- a full tier tells a producer its cap, not its depth (every tenant's jobs);
+- one rescuer and one pruner at a time by a row of the new ``pgqueue.leader_locks`` (locked
+  FOR UPDATE SKIP LOCKED), and one demotion at a time per tenant by its ``pgqueue.tenants`` row
+  (``demotion_check``), not by advisory locks, which any role may hold (a producer that held
+  the rescuer's key stopped every rescue).
 
 CREATE OR REPLACE resets the SECURITY DEFINER that ``pgqueue grant`` sets on the enqueue
 functions: run ``pgqueue grant`` again after migrating, as after every migrate.
@@ -28,6 +32,14 @@ revision = "0040"
 down_revision = "0039"
 branch_labels = None
 depends_on = None
+
+LEADER_LOCKS = """\
+CREATE TABLE IF NOT EXISTS pgqueue.leader_locks (
+    name text NOT NULL,
+    CONSTRAINT leader_locks_pkey PRIMARY KEY (name)
+);
+INSERT INTO pgqueue.leader_locks (name) VALUES ('prune'), ('rescue') ON CONFLICT DO NOTHING;
+"""
 
 GUARDED_SETTING = """\
 CREATE OR REPLACE FUNCTION pgqueue.guarded_setting(name text)
@@ -1439,8 +1451,126 @@ END
 $$;
 """
 
+DEMOTION_CHECK = """\
+CREATE OR REPLACE FUNCTION pgqueue.demotion_check(p_tenant text)
+RETURNS text
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    threshold constant double precision := pgqueue.setting('demotion_throttle_threshold', 5);
+    window_s constant double precision := pgqueue.setting('demotion_throttle_window_seconds', 60);
+    ratio constant double precision := pgqueue.setting('demotion_budget_ratio', 1.5);
+    duration constant double precision := pgqueue.setting('demotion_seconds', 300);
+    throttles bigint;
+    used bigint;
+    budget bigint;
+    why text;
+BEGIN
+    IF pgqueue.is_demoted(p_tenant) THEN
+        RETURN NULL;
+    END IF;
+    SELECT count(*) INTO throttles
+    FROM pgqueue.throttle_events e
+    WHERE e.tenant_id = p_tenant
+      AND e.occurred_at > now() - make_interval(secs => window_s);
+    IF throttles >= threshold THEN
+        why := format('%s throttle events in %s s (threshold %s)', throttles, window_s, threshold);
+    ELSE
+        SELECT u.input_tokens INTO used
+        FROM pgqueue.usage_daily u
+        WHERE u.tenant_id = p_tenant AND u.day = pgqueue.budget_day();
+        SELECT coalesce(t.daily_token_budget,
+                        pgqueue.setting('default_daily_budget', 100000)::bigint)
+        INTO budget
+        FROM pgqueue.tenants t WHERE t.tenant_id = p_tenant;
+        IF coalesce(used, 0) > ratio * coalesce(budget, 100000) THEN
+            why := format('%s input tokens today, over %s × the daily budget of %s',
+                          used, ratio, budget);
+        END IF;
+    END IF;
+    IF why IS NULL THEN
+        RETURN NULL;
+    END IF;
+    -- One demotion at a time per tenant, even with concurrent checks: the tenant's row,
+    -- which a producer may not lock (enqueues' FOR KEY SHARE does not conflict). Not an
+    -- advisory lock: found by a hostile tester (issue 32), a tenant's role could hold any
+    -- tenant's key, and every completion that demoted that tenant waited for it.
+    PERFORM 1 FROM pgqueue.tenants t WHERE t.tenant_id = p_tenant FOR NO KEY UPDATE;
+    IF pgqueue.is_demoted(p_tenant) THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO pgqueue.demotions (tenant_id, reason, expires_at)
+    VALUES (p_tenant, why, now() + make_interval(secs => duration));
+    IF coalesce(current_setting('pgqueue.demote_queued_jobs', true), '') IN ('on', 'true', '1')
+    THEN
+        UPDATE pgqueue.jobs j SET priority = 'batch'
+        WHERE j.tenant_id = p_tenant AND j.state = 'queued' AND j.priority = 'standard';
+    END IF;
+    RETURN why;
+END
+$$;
+"""
+
+DEMOTION_CHECK_BEFORE = """\
+CREATE OR REPLACE FUNCTION pgqueue.demotion_check(p_tenant text)
+RETURNS text
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    threshold constant double precision := pgqueue.setting('demotion_throttle_threshold', 5);
+    window_s constant double precision := pgqueue.setting('demotion_throttle_window_seconds', 60);
+    ratio constant double precision := pgqueue.setting('demotion_budget_ratio', 1.5);
+    duration constant double precision := pgqueue.setting('demotion_seconds', 300);
+    throttles bigint;
+    used bigint;
+    budget bigint;
+    why text;
+BEGIN
+    IF pgqueue.is_demoted(p_tenant) THEN
+        RETURN NULL;
+    END IF;
+    SELECT count(*) INTO throttles
+    FROM pgqueue.throttle_events e
+    WHERE e.tenant_id = p_tenant
+      AND e.occurred_at > now() - make_interval(secs => window_s);
+    IF throttles >= threshold THEN
+        why := format('%s throttle events in %s s (threshold %s)', throttles, window_s, threshold);
+    ELSE
+        SELECT u.input_tokens INTO used
+        FROM pgqueue.usage_daily u
+        WHERE u.tenant_id = p_tenant AND u.day = pgqueue.budget_day();
+        SELECT coalesce(t.daily_token_budget,
+                        pgqueue.setting('default_daily_budget', 100000)::bigint)
+        INTO budget
+        FROM pgqueue.tenants t WHERE t.tenant_id = p_tenant;
+        IF coalesce(used, 0) > ratio * coalesce(budget, 100000) THEN
+            why := format('%s input tokens today, over %s × the daily budget of %s',
+                          used, ratio, budget);
+        END IF;
+    END IF;
+    IF why IS NULL THEN
+        RETURN NULL;
+    END IF;
+    -- One demotion at a time per tenant, even with concurrent checks.
+    PERFORM pg_advisory_xact_lock(hashtextextended('pgqueue.demote:' || p_tenant, 0));
+    IF pgqueue.is_demoted(p_tenant) THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO pgqueue.demotions (tenant_id, reason, expires_at)
+    VALUES (p_tenant, why, now() + make_interval(secs => duration));
+    IF coalesce(current_setting('pgqueue.demote_queued_jobs', true), '') IN ('on', 'true', '1')
+    THEN
+        UPDATE pgqueue.jobs j SET priority = 'batch'
+        WHERE j.tenant_id = p_tenant AND j.state = 'queued' AND j.priority = 'standard';
+    END IF;
+    RETURN why;
+END
+$$;
+"""
+
 
 def upgrade() -> None:
+    op.execute(LEADER_LOCKS)
     op.execute(GUARDED_SETTING)
     op.execute(TENANTS_REQUIRED)
     op.execute(VALIDATE_JOB)
@@ -1451,6 +1581,7 @@ def upgrade() -> None:
     op.execute(TRY_ENQUEUE_BATCH)
     op.execute(ADMISSION_CHECK)
     op.execute(JOBS_AFTER_UPDATE)
+    op.execute(DEMOTION_CHECK)
 
 
 def downgrade() -> None:
@@ -1463,4 +1594,6 @@ def downgrade() -> None:
     op.execute(TRY_ENQUEUE_BATCH_BEFORE)
     op.execute(ADMISSION_CHECK_BEFORE)
     op.execute(JOBS_AFTER_UPDATE_BEFORE)
+    op.execute(DEMOTION_CHECK_BEFORE)
     op.execute("DROP FUNCTION IF EXISTS pgqueue.guarded_setting(text)")
+    op.execute("DROP TABLE IF EXISTS pgqueue.leader_locks")
