@@ -18,8 +18,13 @@ DECLARE
 BEGIN
     -- A claim's batch write (drr_dispatch) counted its rows itself, and none succeeded: nothing
     -- to do (revision 0017). The mark names the claim's transaction, so a value left in the
-    -- session (SET, ALTER ROLE) or by another transaction never switches counting off.
-    IF current_setting('pgqueue.claim_counted', true) = pg_current_xact_id()::text THEN
+    -- session (SET, ALTER ROLE) or by another transaction never switches counting off; and it
+    -- is honoured only for a session that may write pgqueue.jobs itself (a worker: it could
+    -- write the counters anyway). Found by a hostile tester (issue 32): a producer set it by
+    -- hand (set_config(..., pg_current_xact_id()::text, true)) before cancel_queued, and the
+    -- cancelled jobs stayed counted, filling the tier's cap for every tenant.
+    IF current_setting('pgqueue.claim_counted', true) = pg_current_xact_id()::text
+       AND pgqueue.session_writes_jobs() THEN
         RETURN NULL;
     END IF;
     SELECT array_agg(g.tier), array_agg(g.tenant_id), array_agg(g.n)
