@@ -291,7 +291,7 @@ def test_advisory_locks_can_be_kept_from_producers(db_dsn: str, evil: str) -> No
 
 
 # The advisory lock keys the rescuer, the pruner and a tenant's demotion took before revision
-# 0040 (hashtextextended('pgqueue.demote:' || tenant, 0) for the demotion).
+# 0041 (hashtextextended('pgqueue.demote:' || tenant, 0) for the demotion).
 RESCUE_KEY, PRUNE_KEY = 0x7067_7175_6575_5253, 0x7067_7175_6575_5052
 
 

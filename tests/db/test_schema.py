@@ -114,7 +114,7 @@ def test_upgrade_from_0030_keeps_every_row(db_dsn, empty_db_dsn):
     after = _rows(empty_db_dsn, {name: columns for name, (_n, _d, columns) in before.items()})
     assert {name: after[name] for name in before} == before
     # tables added after 0030 start empty (0033: tenant_roles; 0036: the batches lane), but
-    # 0040's leader_locks, with its two rows
+    # 0041's leader_locks, with its two rows
     added = set(after) - set(before)
     assert {name: after[name][0] for name in added if after[name][0]} == {"leader_locks": 2}
     assert len(before) == 11

@@ -1,6 +1,6 @@
 """Whatever path a single job takes, the books (DRR inbox, queue counts, NOTIFY, the tenant's
 lock) must end the same. Revision 0019 kept them in try_enqueue's own statement and skipped the
-insert trigger; revision 0040 (issue 32: a producer could forge the skip) runs the trigger for
+insert trigger; revision 0041 (issue 32: a producer could forge the skip) runs the trigger for
 every insert again, whatever the session sets."""
 
 from __future__ import annotations

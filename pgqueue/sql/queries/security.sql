@@ -110,7 +110,7 @@ SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgqueue_pro
 -- name: security_restrict_advisory_locks :exec
 -- `pgqueue grant --restrict-advisory-locks` (a superuser only; this database only): Postgres
 -- lets every role take every advisory lock, and pgqueue's are fixed keys (the scheduler's,
--- migrations'; the rescuer, the pruner and demotions lock rows since revision 0040). Found by
+-- migrations'; the rescuer, the pruner and demotions lock rows since revision 0041). Found by
 -- a hostile tester (issue 32): a tenant's role that held the scheduler's key
 -- (pg_advisory_lock) stopped every claim of every worker. This takes the advisory lock functions from PUBLIC and gives them to
 -- pgqueue_worker, pgqueue_admin and the role running it (which migrates); any other role of

@@ -20,16 +20,16 @@ raise the system's limits with settings it sets itself (issue 32, found by a hos
 CREATE OR REPLACE resets the SECURITY DEFINER that ``pgqueue grant`` sets on the enqueue
 functions: run ``pgqueue grant`` again after migrating, as after every migrate.
 
-Revision ID: 0040
-Revises: 0039
+Revision ID: 0041
+Revises: 0040
 """
 
 from __future__ import annotations
 
 from alembic import op
 
-revision = "0040"
-down_revision = "0039"
+revision = "0041"
+down_revision = "0040"
 branch_labels = None
 depends_on = None
 
