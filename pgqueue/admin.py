@@ -110,17 +110,13 @@ def set_tenant(
     return row
 
 
-#: Advisory-lock key that makes one process at a time the pruner ("pgqueue" + "prune").
-PRUNE_LOCK_KEY = 0x7067_7175_6575_5052
-
-
 def prune_finished(
     conn: psycopg.Connection[Any], *, older_than_seconds: float, batch: int = 10_000
 ) -> int:
     """Delete finished jobs (succeeded, failed, cancelled) that finished more than
     ``older_than_seconds`` ago, in batches of ``batch`` (each its own statement); returns how
-    many. Queued and running jobs are never touched. One pruner at a time (advisory lock): a
-    concurrent call deletes nothing.
+    many. Queued and running jobs are never touched. One pruner at a time (the row ``prune``
+    of ``pgqueue.leader_locks``): a concurrent call deletes nothing.
 
     Raises:
         InvalidArgument: a negative age or a batch below 1.
@@ -132,7 +128,7 @@ def prune_finished(
         row = queries.run(
             conn,
             "job_prune",
-            {"older_than_seconds": older_than_seconds, "limit": batch, "lock_key": PRUNE_LOCK_KEY},
+            {"older_than_seconds": older_than_seconds, "limit": batch},
         )
         if not conn.autocommit:
             conn.commit()

@@ -62,10 +62,14 @@ class EnqueueAdmission:
         subject = (
             f"tier {tier}" if refused["scope"] == "tier" else f"tenant {tenant!r} in tier {tier}"
         )
-        message = (
-            f"{where}queue full: {subject} holds {refused['depth']} queued jobs "
-            f"(cap {refused['cap']}, policy {policy})"
+        # depth is None for a full tier told to a producer (pgqueue.admission_check: it
+        # counts every tenant's jobs)
+        held = (
+            "is at its cap of queued jobs"
+            if refused["depth"] is None
+            else f"holds {refused['depth']} queued jobs"
         )
+        message = f"{where}queue full: {subject} {held} (cap {refused['cap']}, policy {policy})"
         fields: dict[str, Any] = {
             "tier": tier,
             "tenant_id": tenant,

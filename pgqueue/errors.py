@@ -100,8 +100,9 @@ class QueueFull(AdmissionError):
     """The job's tier, or its tenant within the tier, holds its cap of queued jobs.
 
     Raised for tiers whose policy is ``reject``, and for ``block`` once the wait timed out.
-    Attributes: ``tier``, ``tenant_id``, ``depth`` (queued jobs counted), ``cap``, ``scope``
-    (``"tier"`` or ``"tenant"``: which cap is reached) and ``policy``. The SQL function
+    Attributes: ``tier``, ``tenant_id``, ``depth`` (queued jobs counted; None for a full tier
+    when the session may not see every tenant's jobs, e.g. a tenant's producer role), ``cap``,
+    ``scope`` (``"tier"`` or ``"tenant"``: which cap is reached) and ``policy``. The SQL function
     ``pgqueue.enqueue`` raises SQLSTATE ``PQ010`` for the same verdict.
     """
 

@@ -179,6 +179,16 @@ class Settings(BaseSettings):
             return None
         return value
 
+    @field_validator("dsn", mode="before")
+    @classmethod
+    def _blank_dsn_is_unset(cls, value: object) -> object:
+        """A DSN of only whitespace (``PGQUEUE_DSN=' '``) is unset, like an empty one: libpq
+        would read it as "all defaults" and connect to whatever the local socket serves (found
+        by a tester)."""
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
     @model_validator(mode="after")
     def _lease_outlives_work(self) -> Settings:
         if self.provider_timeout_seconds >= self.lease_seconds:

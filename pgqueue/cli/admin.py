@@ -43,16 +43,29 @@ def migrate(dsn: DsnOption = None) -> None:
 
 @app.command()
 @cli_errors
-def grant(dsn: DsnOption = None) -> None:
+def grant(
+    dsn: DsnOption = None,
+    restrict_advisory_locks: Annotated[
+        bool,
+        typer.Option(
+            help="Also take Postgres' advisory lock functions from PUBLIC in this database "
+            "(superuser only): only pgqueue_worker, pgqueue_admin and you keep them, so a "
+            "producer cannot hold the scheduler's lock (docs/operations.md)."
+        ),
+    ] = False,
+) -> None:
     """Create the roles pgqueue_producer / _worker / _admin, grant them, turn on tenant scoping
     and row-level security (idempotent; run after `pgqueue migrate`)."""
     from pgqueue.db import queries
 
     with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
         queries.run(conn, "security_grant")
+        if restrict_advisory_locks:
+            queries.run(conn, "security_restrict_advisory_locks")
     console.print(
         "granted: pgqueue_producer (enqueue, cancel and read its tenant's jobs), pgqueue_worker, "
         "pgqueue_admin; row-level security on pgqueue.jobs and pgqueue.usage_daily"
+        + ("; advisory locks restricted to them" if restrict_advisory_locks else "")
     )
 
 

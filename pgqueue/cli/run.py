@@ -405,6 +405,8 @@ def demo(
     int_in_range("--concurrency", concurrency, 1, MAX_CONCURRENCY)
     finite_in_range("--speedup", speedup, 0.01)
     finite_in_range("--load", load, 0.1, 100.0)
+    if not as_json and not chart.parent.resolve().is_dir():  # before the run, not after it
+        raise typer.BadParameter(f"{chart.parent} is not a folder", param_hint="--chart")
     settings = _settings()
     options = CompareOptions(
         requests=requests, speedup=speedup, concurrency=concurrency, load=load, keep=keep

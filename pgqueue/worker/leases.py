@@ -21,9 +21,6 @@ from pgqueue.models import Job, Lease
 
 log = logging.getLogger("pgqueue.worker")
 
-#: Advisory-lock key that makes one worker at a time the rescuer ("pgqueue" + "rescue").
-RESCUE_LOCK_KEY = 0x7067_7175_6575_5253
-
 
 def held_leases(jobs: Iterable[Job]) -> dict[str, Jsonb]:
     """The ``held`` parameter of the named query ``job_heartbeat``: the leases ``jobs`` hold,
@@ -86,13 +83,12 @@ async def why_not_extended(
 
 async def rescue(pool: AsyncConnectionPool[Any], limit: int = 1000) -> list[dict[str, Any]]:
     """Put back (or fail, once their attempts are spent) up to ``limit`` jobs whose lease
-    expired; one rescuer at a time across workers (``RESCUE_LOCK_KEY``). Returns their
+    expired; one rescuer at a time across workers (the row ``rescue`` of
+    ``pgqueue.leader_locks``). Returns their
     ``id`` and new ``state``; an empty list on a database error (logged)."""
     try:
         async with pool.connection() as conn:
-            rows: list[dict[str, Any]] = await queries.arun(
-                conn, "job_rescue", {"limit": limit, "lock_key": RESCUE_LOCK_KEY}
-            )
+            rows: list[dict[str, Any]] = await queries.arun(conn, "job_rescue", {"limit": limit})
     except psycopg.Error as exc:
         log.warning("rescue failed (%s); will retry", exc)
         return []

@@ -31,10 +31,9 @@ async def _every(interval: float, rng: random.Random, step: Callable[[], Awaitab
 
 async def prune(pool: Pool, older_than_seconds: float) -> None:
     """Retention: delete one batch of jobs finished longer ago than ``older_than_seconds``,
-    one pruner at a time (``pgqueue.admin.PRUNE_LOCK_KEY``). Database errors are logged."""
-    from pgqueue.admin import PRUNE_LOCK_KEY
-
-    params = {"older_than_seconds": older_than_seconds, "limit": 5000, "lock_key": PRUNE_LOCK_KEY}
+    one pruner at a time (the row ``prune`` of ``pgqueue.leader_locks``). Database errors are
+    logged."""
+    params = {"older_than_seconds": older_than_seconds, "limit": 5000}
     try:
         async with pool.connection() as conn:
             await queries.arun(conn, "job_prune", params)

@@ -186,8 +186,12 @@ def test_a_busy_dashboard_port_is_named(db_dsn):
         ]
 
 
-def test_option_ranges(db_dsn):
+def test_option_ranges(db_dsn, tmp_path):
     assert run("demo", "--speedup", "0").exit_code == 2
+    # found by a tester: a chart path in no folder failed only after the whole replay
+    missing = run("demo", "--chart", str(tmp_path / "nowhere" / "x.png"), "--dsn", db_dsn)
+    assert missing.exit_code == 2
+    assert "is not a folder" in missing.output
     assert run("sandbox", "--port", "99999").exit_code == 2
     with socket.socket() as taken:  # found by a tester: uvicorn's error, then exit 3
         taken.bind(("127.0.0.1", 0))

@@ -570,7 +570,6 @@ def test_counter_storm_four_producers_two_workers(db_dsn):
     import random
 
     from pgqueue.settings import Settings
-    from pgqueue.worker.leases import RESCUE_LOCK_KEY
     from pgqueue.worker.runtime import Worker
 
     _admin(db_dsn, "standard", tenant_max_queued=60, policy="drop")
@@ -631,7 +630,7 @@ def test_counter_storm_four_producers_two_workers(db_dsn):
                             "WHERE id IN (SELECT id FROM pgqueue.jobs WHERE state = 'running' "
                             "LIMIT 2)"
                         )
-                    queries.run(c, "job_rescue", {"limit": 100, "lock_key": RESCUE_LOCK_KEY})
+                    queries.run(c, "job_rescue", {"limit": 100})
                     counters, actual = _counters_match(c)
                     assert counters == actual, (counters, actual)
                     time.sleep(0.05)

@@ -102,8 +102,10 @@ def test_a_fresh_schema_starts_with_its_rows(db_dsn):
             "SELECT a.tier::text, a.max_queued, a.tenant_max_queued, a.policy"
             " FROM pgqueue.admission a ORDER BY a.tier"
         ).fetchall()
+        leaders = conn.execute("SELECT name FROM pgqueue.leader_locks ORDER BY name").fetchall()
     assert weights == [("critical", 70), ("standard", 25), ("batch", 5)]
     assert admission == [(t, None, None, "reject") for t in ("critical", "standard", "batch")]
+    assert leaders == [("prune",), ("rescue",)]
 
 
 def test_upgrade_from_0030_keeps_every_row(db_dsn, empty_db_dsn):
@@ -118,8 +120,10 @@ def test_upgrade_from_0030_keeps_every_row(db_dsn, empty_db_dsn):
     assert {name: after[name] for name in set(before) - dropped} == {
         name: before[name] for name in set(before) - dropped
     }
-    # tables added after 0030 start empty (0033: tenant_roles; 0036: the batches lane; 0042)
-    assert all(after[name][0] == 0 for name in set(after) - set(before))
+    # tables added after 0030 start empty (0033: tenant_roles; 0036: the batches lane; 0042),
+    # but 0041's leader_locks, with its two rows
+    added = set(after) - set(before)
+    assert {name: after[name][0] for name in added if after[name][0]} == {"leader_locks": 2}
     assert len(before) == 11
     assert all(count > 0 for count, _digest in before.values()), before
     assert before["jobs"][0] == 59

@@ -100,7 +100,7 @@ def test_worker_role_can_run_the_whole_life_cycle(db_dsn, roles):
             == 1
         )
         assert conn.execute("SELECT sum(input_tokens) FROM pgqueue.usage_daily").fetchone()[0] == 10
-        queries.run(conn, "job_rescue", {"limit": 10, "lock_key": 1})
+        queries.run(conn, "job_rescue", {"limit": 10})
 
 
 def test_one_grant_leaves_no_function_executable_by_public(db_dsn: str) -> None:

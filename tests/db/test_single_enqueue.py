@@ -1,6 +1,7 @@
-"""Revision 0019: a single job of a registered tenant is inserted with its bookkeeping (DRR
-inbox, queue counts, NOTIFY, the tenant's lock) in one statement, and the insert trigger is
-skipped for that statement only. Whatever path a job takes, the books must end the same."""
+"""Whatever path a single job takes, the books (DRR inbox, queue counts, NOTIFY, the tenant's
+lock) must end the same. Revision 0019 kept them in try_enqueue's own statement and skipped the
+insert trigger; revision 0041 (issue 32: a producer could forge the skip) runs the trigger for
+every insert again, whatever the session sets."""
 
 from __future__ import annotations
 
@@ -59,8 +60,8 @@ def test_every_path_of_a_single_enqueue_keeps_the_same_books(db_dsn: str) -> Non
             pgqueue.enqueue(c, tenant_id="a", origin="user_action", payload=PAYLOAD)
             pgqueue.enqueue(c, tenant_id="b", origin="scheduled", payload=PAYLOAD, sla_seconds=60)
             pgqueue.enqueue(c, tenant_id="a", origin="batch_job", payload=PAYLOAD)
-            # The three took the one-statement path: the trigger never ran.
-            assert c.execute(TRIGGER_CALLS).fetchone() == (0,)
+            # The trigger ran for each of the three (revision 0019 skipped it).
+            assert c.execute(TRIGGER_CALLS).fetchone() == (3,)
         # The other paths: a new tenant, a dedupe key, REPEATABLE READ, a demoted tenant, a
         # capped tier, a job due later, and a plain INSERT.
         pgqueue.enqueue(c, tenant_id="new", origin="user_action", payload=PAYLOAD)
@@ -84,8 +85,8 @@ def test_every_path_of_a_single_enqueue_keeps_the_same_books(db_dsn: str) -> Non
 
 
 def test_the_trigger_still_runs_for_the_rest_of_the_transaction(db_dsn: str) -> None:
-    """The setting that skips the trigger lasts one statement, and a failed statement's
-    setting goes with its savepoint: later inserts in the same transaction are counted."""
+    """Later inserts in the same transaction are counted, after a failed statement too, and
+    no setting made by hand skips the trigger (revision 0019's mark included)."""
     _register(db_dsn, "a")
     with psycopg.connect(db_dsn) as c:
         pgqueue.enqueue(c, tenant_id="a", origin="user_action", payload=PAYLOAD)
@@ -108,9 +109,13 @@ def test_the_trigger_still_runs_for_the_rest_of_the_transaction(db_dsn: str) -> 
         c.execute(RAW_INSERT, ("a",))
         c.execute("SELECT set_config('pgqueue.insert_bookkept', '1', true)")
         c.execute(RAW_INSERT, ("a",))
+        c.execute(
+            "SELECT set_config('pgqueue.insert_bookkept', pg_current_xact_id()::text || '/0', true)"
+        )
+        c.execute(RAW_INSERT, ("a",))
         c.commit()
         counters, queued = _books(c)
-        assert counters == queued == {("critical", "a"): 5, ("critical", None): 5}
+        assert counters == queued == {("critical", "a"): 6, ("critical", None): 6}
 
 
 @pytest.mark.timeout(60)
@@ -122,7 +127,7 @@ def test_a_registered_tenant_is_held_until_the_enqueue_commits(db_dsn: str) -> N
     assert isinstance(error, psycopg.errors.ForeignKeyViolation)
 
 
-def test_the_one_statement_path_wakes_workers_on_commit(db_dsn: str) -> None:
+def test_a_single_enqueue_wakes_workers_on_commit(db_dsn: str) -> None:
     _register(db_dsn, "a")
     with psycopg.connect(db_dsn, autocommit=True) as listener, psycopg.connect(db_dsn) as conn:
         listener.execute("LISTEN pgqueue_jobs")
@@ -148,9 +153,9 @@ def test_counter_rows_held_by_others_get_new_rows(db_dsn: str) -> None:
 
 
 def test_triggers_of_the_users_own_keep_the_books(db_dsn: str) -> None:
-    """The setting names the trigger depth too: an enqueue made by a user's trigger on another
-    table still skips the insert trigger (no double count), and a job that a user's row
-    trigger on pgqueue.jobs inserts during the one statement is still counted by it."""
+    """An enqueue made by a user's trigger on another table is counted once (by the insert
+    trigger), and so is a job that a user's row trigger on pgqueue.jobs inserts during an
+    enqueue."""
     _register(db_dsn, "a")
     payload = psycopg.types.json.Jsonb(PAYLOAD)
     with psycopg.connect(db_dsn, autocommit=True) as c:
@@ -171,7 +176,7 @@ def test_triggers_of_the_users_own_keep_the_books(db_dsn: str) -> None:
         c.execute("SET track_functions = 'pl'")
         with c.transaction():
             c.execute("INSERT INTO public.docs (tenant) VALUES ('a'), ('a')")
-            assert c.execute(TRIGGER_CALLS).fetchone() == (0,)
+            assert c.execute(TRIGGER_CALLS).fetchone() == (2,)
         c.execute(
             """
             CREATE FUNCTION public.jobs_follow_up() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -32,3 +32,13 @@ def test_the_demos_limits_are_whole_and_positive_at_any_documented_scale() -> No
         SandboxConfig(
             requests_per_minute=rpm, input_tokens_per_minute=itpm, output_tokens_per_minute=otpm
         )
+
+
+@pytest.mark.parametrize("blank", ["", " ", "\t\n"])
+def test_a_blank_dsn_means_the_embedded_server_not_libpqs_defaults(
+    monkeypatch: pytest.MonkeyPatch, blank: str
+) -> None:
+    """Found by a fresh-machine tester: PGQUEUE_DSN=' ' was taken as a DSN, and libpq read it
+    as "all defaults" (the local socket's server) instead of the embedded one."""
+    monkeypatch.setenv("PGQUEUE_DSN", blank)
+    assert Settings().dsn is None

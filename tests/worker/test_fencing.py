@@ -16,13 +16,12 @@ from psycopg.types.json import Jsonb
 
 import pgqueue
 from pgqueue.db import queries
-from pgqueue.worker.leases import RESCUE_LOCK_KEY
 
 TENANT = "tenant-fence"
 PAYLOAD = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 
 Conn = psycopg.Connection[Any]
-RESCUE = {"limit": 10, "lock_key": RESCUE_LOCK_KEY}
+RESCUE = {"limit": 10}
 
 
 @pytest.fixture

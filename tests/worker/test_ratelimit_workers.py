@@ -66,5 +66,8 @@ def test_four_workers_never_exceed_the_shared_request_limit(db_dsn, tmp_path):
     # any rolling minute: at most the limit plus the burst (a full bucket, one minute's worth)
     worst = max(sum(1 for t in admitted if start <= t < start + 60) for start in admitted)
     assert worst <= rpm + rpm
-    # and after the initial burst, the refill rate bounds the pace: the last 15 needed >= ~14 s
-    assert admitted[-1] - admitted[rpm - 1] >= (jobs - rpm - 1) * 60 / rpm * 0.9
+    # and the refill rate bounds the pace: beyond a full bucket (rpm requests), the rest came
+    # no faster than the refill, measured from the first request (not from the end of the
+    # burst: on a loaded machine the burst itself takes seconds, in which the bucket refills;
+    # found by a fresh-machine run)
+    assert admitted[-1] - admitted[0] >= (jobs - rpm) * 60 / rpm * 0.9

@@ -15,7 +15,6 @@ from pgqueue import JobSpec, Registry
 from pgqueue.db import queries
 from pgqueue.models import Job
 from pgqueue.settings import Settings
-from pgqueue.worker.leases import RESCUE_LOCK_KEY
 from pgqueue.worker.runtime import Worker
 
 
@@ -26,7 +25,7 @@ def _expire_and_rescue(dsn: str, job_id: int) -> None:
             "UPDATE pgqueue.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
             (job_id,),
         )
-        rows = queries.run(conn, "job_rescue", {"limit": 10, "lock_key": RESCUE_LOCK_KEY})
+        rows = queries.run(conn, "job_rescue", {"limit": 10})
         assert [r["id"] for r in rows] == [job_id]
 
 

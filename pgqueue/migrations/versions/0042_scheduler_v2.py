@@ -14,7 +14,7 @@ Downgrade drops what this adds and restores the v1 scheduler (texts copied below
 revision 0039); the DRR state starts empty.
 
 Revision ID: 0042
-Revises: 0040
+Revises: 0041
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0042"
-down_revision = "0040"
+down_revision = "0041"
 branch_labels = None
 depends_on = None
 
@@ -653,18 +653,11 @@ DECLARE
     tenant_cap bigint;
     known boolean;
     new_id bigint;
-    ruled boolean;
-    bookkept text;
-    row_tenant text;
-    row_tier pgqueue.tier;
-    row_queued boolean;
-    tier_counted boolean;
-    tenant_counted boolean;
 BEGIN
     PERFORM pgqueue.check_tenant_scope(ARRAY[try_enqueue.tenant_id]);  -- before any read
     IF pgqueue.job_is_valid(try_enqueue.tenant_id, try_enqueue.origin, try_enqueue.payload,
                             try_enqueue.sla_seconds, try_enqueue.kind, try_enqueue.max_attempts,
-                            coalesce(nullif(current_setting('pgqueue.max_payload_bytes', true),
+                            coalesce(nullif(pgqueue.guarded_setting('max_payload_bytes'),
                                             '')::bigint, 1048576)) IS NOT TRUE THEN
         PERFORM pgqueue.validate_job(try_enqueue.tenant_id, try_enqueue.origin,
                                      try_enqueue.payload, try_enqueue.sla_seconds,
@@ -692,14 +685,10 @@ BEGIN
     END IF;
     -- One statement: the tier (pgqueue.is_demoted's rule), its admission row, and the tenant:
     -- registered or not, and if so locked FOR KEY SHARE until the transaction ends, as the
-    -- insert trigger's check would lock it; and whether pgqueue.jobs has rules, which a
-    -- statement with data-modifying CTEs cannot run (found by a tester: a DO ALSO rule of the
-    -- user's made every single enqueue fail).
+    -- insert trigger's check would lock it.
     SELECT k.tier, a.policy, a.max_queued, coalesce(r.max_queued, a.tenant_max_queued),
-           coalesce(r.known, false),
-           (SELECT c.relhasrules FROM pg_catalog.pg_class c
-            WHERE c.oid = 'pgqueue.jobs'::regclass)
-    INTO t, pol, tier_cap, tenant_cap, known, ruled
+           coalesce(r.known, false)
+    INTO t, pol, tier_cap, tenant_cap, known
     FROM (SELECT pgqueue.classify(o, try_enqueue.sla_seconds,
                                   EXISTS (SELECT 1 FROM pgqueue.demotions d
                                           WHERE d.tenant_id = try_enqueue.tenant_id
@@ -726,71 +715,6 @@ BEGIN
             RETURN NEXT;
             RETURN;
         END IF;
-    END IF;
-    IF try_enqueue.dedupe_key IS NULL AND known AND NOT ruled
-       AND current_setting('transaction_isolation') = 'read committed' THEN
-        -- The trigger's work for this one row, driven by the row as inserted (a BEFORE
-        -- trigger of the user's may change its tenant, tier or state, or drop it): its
-        -- counters (as pgqueue.queue_counts_add updates them in READ COMMITTED: a row
-        -- of the key no other transaction holds) and NOTIFY; another tenant is checked and
-        -- locked after it. The setting is put back as it was after, for an enqueue nested in
-        -- such a trigger.
-        bookkept := current_setting('pgqueue.insert_bookkept', true);
-        PERFORM set_config('pgqueue.insert_bookkept',
-                           pg_current_xact_id()::text || '/' || pg_trigger_depth(), true);
-        WITH ins AS (
-            INSERT INTO pgqueue.jobs AS j (tenant_id, kind, origin, sla_seconds, priority,
-                                           payload, model, est_input_tokens, max_output_tokens,
-                                           cost, max_attempts, run_at)
-            SELECT try_enqueue.tenant_id, try_enqueue.kind, o, try_enqueue.sla_seconds, t,
-                   try_enqueue.payload, try_enqueue.payload ->> 'model', e.est,
-                   pgqueue.payload_max_tokens(try_enqueue.payload), pgqueue.job_cost(e.est),
-                   coalesce(try_enqueue.max_attempts, 5), coalesce(try_enqueue.run_at, now())
-            FROM pgqueue.input_token_estimate(try_enqueue.payload) e
-            RETURNING j.id, j.tenant_id, j.priority, j.state = 'queued' AS queued
-        ), counted AS (
-            UPDATE pgqueue.queue_counts c SET queued = c.queued + 1
-            WHERE c.ctid = ANY (ARRAY[
-                (SELECT x.ctid FROM pgqueue.queue_counts x, ins i
-                 WHERE i.queued AND x.tier = i.priority AND x.tenant_id IS NULL
-                   AND NOT x.claim_stripe
-                 LIMIT 1 FOR UPDATE OF x SKIP LOCKED),
-                (SELECT x.ctid FROM pgqueue.queue_counts x, ins i
-                 WHERE i.queued AND x.tier = i.priority AND x.tenant_id = i.tenant_id
-                   AND NOT x.claim_stripe
-                 LIMIT 1 FOR UPDATE OF x SKIP LOCKED)])
-            RETURNING c.tenant_id IS NULL AS tier_total
-        )
-        SELECT i.id, i.tenant_id, i.priority, i.queued,
-               coalesce((SELECT bool_or(k.tier_total) FROM counted k), false),
-               coalesce((SELECT bool_or(NOT k.tier_total) FROM counted k), false),
-               pg_notify('pgqueue_jobs', CASE WHEN i.queued THEN i.priority::text ELSE '' END)
-        INTO new_id, row_tenant, row_tier, row_queued, tier_counted, tenant_counted
-        FROM ins i;
-        PERFORM set_config('pgqueue.insert_bookkept', coalesce(bookkept, ''), true);
-        -- Another tenant than the one looked up: checked and locked as the trigger would, by
-        -- a statement of its own, whose snapshot sees a tenant registered meanwhile (by that
-        -- BEFORE trigger, or by another transaction; found by a tester).
-        IF new_id IS NOT NULL AND row_tenant <> try_enqueue.tenant_id THEN
-            PERFORM 1 FROM pgqueue.tenants r WHERE r.tenant_id = row_tenant FOR KEY SHARE;
-            IF NOT FOUND THEN
-                RAISE EXCEPTION 'unknown tenant %: register it first (pgqueue.ensure_tenant)',
-                    quote_literal(row_tenant) USING ERRCODE = 'foreign_key_violation';
-            END IF;
-        END IF;
-        -- No row of a key updated (all held, or the one locked changed after the snapshot):
-        -- a new row, as queue_counts_add does.
-        IF row_queued AND NOT tier_counted THEN
-            INSERT INTO pgqueue.queue_counts (tier, tenant_id, queued)
-            VALUES (row_tier, NULL, 1);
-        END IF;
-        IF row_queued AND NOT tenant_counted THEN
-            INSERT INTO pgqueue.queue_counts (tier, tenant_id, queued)
-            VALUES (row_tier, row_tenant, 1);
-        END IF;
-        id := new_id; outcome := 'enqueued'; tier := t; policy := pol;
-        RETURN NEXT;
-        RETURN;
     END IF;
     IF NOT known THEN
         PERFORM pgqueue.ensure_tenant(try_enqueue.tenant_id);
@@ -2516,18 +2440,11 @@ DECLARE
     tenant_cap bigint;
     known boolean;
     new_id bigint;
-    ruled boolean;
-    bookkept text;
-    row_tenant text;
-    row_tier pgqueue.tier;
-    row_queued boolean;
-    tier_counted boolean;
-    tenant_counted boolean;
 BEGIN
     PERFORM pgqueue.check_tenant_scope(ARRAY[try_enqueue.tenant_id]);  -- before any read
     IF pgqueue.job_is_valid(try_enqueue.tenant_id, try_enqueue.origin, try_enqueue.payload,
                             try_enqueue.sla_seconds, try_enqueue.kind, try_enqueue.max_attempts,
-                            coalesce(nullif(current_setting('pgqueue.max_payload_bytes', true),
+                            coalesce(nullif(pgqueue.guarded_setting('max_payload_bytes'),
                                             '')::bigint, 1048576)) IS NOT TRUE THEN
         PERFORM pgqueue.validate_job(try_enqueue.tenant_id, try_enqueue.origin,
                                      try_enqueue.payload, try_enqueue.sla_seconds,
@@ -2555,14 +2472,10 @@ BEGIN
     END IF;
     -- One statement: the tier (pgqueue.is_demoted's rule), its admission row, and the tenant:
     -- registered or not, and if so locked FOR KEY SHARE until the transaction ends, as the
-    -- insert trigger's check would lock it; and whether pgqueue.jobs has rules, which a
-    -- statement with data-modifying CTEs cannot run (found by a tester: a DO ALSO rule of the
-    -- user's made every single enqueue fail).
+    -- insert trigger's check would lock it.
     SELECT k.tier, a.policy, a.max_queued, coalesce(r.max_queued, a.tenant_max_queued),
-           coalesce(r.known, false),
-           (SELECT c.relhasrules FROM pg_catalog.pg_class c
-            WHERE c.oid = 'pgqueue.jobs'::regclass)
-    INTO t, pol, tier_cap, tenant_cap, known, ruled
+           coalesce(r.known, false)
+    INTO t, pol, tier_cap, tenant_cap, known
     FROM (SELECT pgqueue.classify(o, try_enqueue.sla_seconds,
                                   EXISTS (SELECT 1 FROM pgqueue.demotions d
                                           WHERE d.tenant_id = try_enqueue.tenant_id
@@ -2589,74 +2502,6 @@ BEGIN
             RETURN NEXT;
             RETURN;
         END IF;
-    END IF;
-    IF try_enqueue.dedupe_key IS NULL AND known AND NOT ruled
-       AND current_setting('transaction_isolation') = 'read committed' THEN
-        -- The trigger's work for this one row, driven by the row as inserted (a BEFORE
-        -- trigger of the user's may change its tenant, tier or state, or drop it): its inbox
-        -- row and counters (as pgqueue.queue_counts_add updates them in READ COMMITTED: a row
-        -- of the key no other transaction holds) and NOTIFY; another tenant is checked and
-        -- locked after it. The setting is put back as it was after, for an enqueue nested in
-        -- such a trigger.
-        bookkept := current_setting('pgqueue.insert_bookkept', true);
-        PERFORM set_config('pgqueue.insert_bookkept',
-                           pg_current_xact_id()::text || '/' || pg_trigger_depth(), true);
-        WITH ins AS (
-            INSERT INTO pgqueue.jobs AS j (tenant_id, kind, origin, sla_seconds, priority,
-                                           payload, model, est_input_tokens, max_output_tokens,
-                                           cost, max_attempts, run_at)
-            SELECT try_enqueue.tenant_id, try_enqueue.kind, o, try_enqueue.sla_seconds, t,
-                   try_enqueue.payload, try_enqueue.payload ->> 'model', e.est,
-                   pgqueue.payload_max_tokens(try_enqueue.payload), pgqueue.job_cost(e.est),
-                   coalesce(try_enqueue.max_attempts, 5), coalesce(try_enqueue.run_at, now())
-            FROM pgqueue.input_token_estimate(try_enqueue.payload) e
-            RETURNING j.id, j.tenant_id, j.priority, j.state = 'queued' AS queued
-        ), inbox AS (
-            INSERT INTO pgqueue.drr_inbox (tier, tenant_id)
-            SELECT i.priority, i.tenant_id FROM ins i WHERE i.queued
-        ), counted AS (
-            UPDATE pgqueue.queue_counts c SET queued = c.queued + 1
-            WHERE c.ctid = ANY (ARRAY[
-                (SELECT x.ctid FROM pgqueue.queue_counts x, ins i
-                 WHERE i.queued AND x.tier = i.priority AND x.tenant_id IS NULL
-                   AND NOT x.claim_stripe
-                 LIMIT 1 FOR UPDATE OF x SKIP LOCKED),
-                (SELECT x.ctid FROM pgqueue.queue_counts x, ins i
-                 WHERE i.queued AND x.tier = i.priority AND x.tenant_id = i.tenant_id
-                   AND NOT x.claim_stripe
-                 LIMIT 1 FOR UPDATE OF x SKIP LOCKED)])
-            RETURNING c.tenant_id IS NULL AS tier_total
-        )
-        SELECT i.id, i.tenant_id, i.priority, i.queued,
-               coalesce((SELECT bool_or(k.tier_total) FROM counted k), false),
-               coalesce((SELECT bool_or(NOT k.tier_total) FROM counted k), false),
-               pg_notify('pgqueue_jobs', CASE WHEN i.queued THEN i.priority::text ELSE '' END)
-        INTO new_id, row_tenant, row_tier, row_queued, tier_counted, tenant_counted
-        FROM ins i;
-        PERFORM set_config('pgqueue.insert_bookkept', coalesce(bookkept, ''), true);
-        -- Another tenant than the one looked up: checked and locked as the trigger would, by
-        -- a statement of its own, whose snapshot sees a tenant registered meanwhile (by that
-        -- BEFORE trigger, or by another transaction; found by a tester).
-        IF new_id IS NOT NULL AND row_tenant <> try_enqueue.tenant_id THEN
-            PERFORM 1 FROM pgqueue.tenants r WHERE r.tenant_id = row_tenant FOR KEY SHARE;
-            IF NOT FOUND THEN
-                RAISE EXCEPTION 'unknown tenant %: register it first (pgqueue.ensure_tenant)',
-                    quote_literal(row_tenant) USING ERRCODE = 'foreign_key_violation';
-            END IF;
-        END IF;
-        -- No row of a key updated (all held, or the one locked changed after the snapshot):
-        -- a new row, as queue_counts_add does.
-        IF row_queued AND NOT tier_counted THEN
-            INSERT INTO pgqueue.queue_counts (tier, tenant_id, queued)
-            VALUES (row_tier, NULL, 1);
-        END IF;
-        IF row_queued AND NOT tenant_counted THEN
-            INSERT INTO pgqueue.queue_counts (tier, tenant_id, queued)
-            VALUES (row_tier, row_tenant, 1);
-        END IF;
-        id := new_id; outcome := 'enqueued'; tier := t; policy := pol;
-        RETURN NEXT;
-        RETURN;
     END IF;
     IF NOT known THEN
         PERFORM pgqueue.ensure_tenant(try_enqueue.tenant_id);
@@ -2763,8 +2608,13 @@ DECLARE
 BEGIN
     -- A claim's batch write (drr_dispatch) counted its rows itself, and none succeeded: nothing
     -- to do (revision 0017). The mark names the claim's transaction, so a value left in the
-    -- session (SET, ALTER ROLE) or by another transaction never switches counting off.
-    IF current_setting('pgqueue.claim_counted', true) = pg_current_xact_id()::text THEN
+    -- session (SET, ALTER ROLE) or by another transaction never switches counting off; and it
+    -- is honoured only for a session that may write pgqueue.jobs itself (a worker: it could
+    -- write the counters anyway). Found by a hostile tester (issue 32): a producer set it by
+    -- hand (set_config(..., pg_current_xact_id()::text, true)) before cancel_queued, and the
+    -- cancelled jobs stayed counted, filling the tier's cap for every tenant.
+    IF current_setting('pgqueue.claim_counted', true) = pg_current_xact_id()::text
+       AND pgqueue.session_writes_jobs() THEN
         RETURN NULL;
     END IF;
     SELECT array_agg(g.tier), array_agg(g.tenant_id), array_agg(g.n)

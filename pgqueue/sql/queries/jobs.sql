@@ -177,14 +177,15 @@ RETURNING j.id, j.lease_token::text AS lease_token
 
 -- name: job_rescue :many
 -- Jobs whose lease expired (their worker died) go back to the queue, or fail once their
--- attempts are spent, so a poison job cannot loop forever. One rescuer at a time: the
--- transaction-scoped advisory lock lets the other workers' rescuers skip this round.
+-- attempts are spent, so a poison job cannot loop forever. One rescuer at a time: the row
+-- 'rescue' of pgqueue.leader_locks, locked to the end of the transaction, lets the other
+-- workers' rescuers skip this round (not an advisory lock, which any role may hold).
 WITH leader AS (
-    SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS ok
+    SELECT l.name FROM pgqueue.leader_locks l WHERE l.name = 'rescue' FOR UPDATE SKIP LOCKED
 ), expired AS (
     SELECT j.id, j.tenant_id
     FROM pgqueue.jobs j, leader
-    WHERE leader.ok AND j.state = 'running' AND j.lease_expires_at < now()
+    WHERE j.state = 'running' AND j.lease_expires_at < now()
       AND NOT EXISTS (  -- a job in an open batch belongs to the batch's poller
           SELECT 1 FROM pgqueue.batch_jobs bj JOIN pgqueue.batches b ON b.id = bj.batch_id
           WHERE bj.job_id = j.id AND bj.tenant_id = j.tenant_id AND b.state <> 'ended')
@@ -231,14 +232,14 @@ FROM pgqueue.retry_failed(%(tenant_id)s, %(tier)s::pgqueue.tier, %(reason)s,
 
 -- name: job_prune :one
 -- Retention: delete up to `limit` finished jobs (succeeded, failed, cancelled) that finished
--- before now() - older_than_seconds; one pruner at a time (advisory lock). Returns how many.
+-- before now() - older_than_seconds; one pruner at a time (the row 'prune' of
+-- pgqueue.leader_locks, as job_rescue). Returns how many.
 WITH leader AS (
-    SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS ok
+    SELECT l.name FROM pgqueue.leader_locks l WHERE l.name = 'prune' FOR UPDATE SKIP LOCKED
 ), doomed AS (
     SELECT j.id, j.tenant_id
     FROM pgqueue.jobs j, leader
-    WHERE leader.ok
-      AND j.state IN ('succeeded', 'failed', 'cancelled')
+    WHERE j.state IN ('succeeded', 'failed', 'cancelled')
       AND j.finished_at < now() - make_interval(secs => %(older_than_seconds)s)
     ORDER BY j.finished_at
     LIMIT %(limit)s

@@ -106,3 +106,26 @@ SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgqueue_pro
              OR NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'pgqueue')
             THEN false
             ELSE has_schema_privilege('pgqueue_producer', 'pgqueue', 'USAGE') END AS granted
+
+-- name: security_restrict_advisory_locks :exec
+-- `pgqueue grant --restrict-advisory-locks` (a superuser only; this database only): Postgres
+-- lets every role take every advisory lock, and pgqueue's are fixed keys (the scheduler's,
+-- migrations'; the rescuer, the pruner and demotions lock rows since revision 0041). Found by
+-- a hostile tester (issue 32): a tenant's role that held the scheduler's key
+-- (pg_advisory_lock) stopped every claim of every worker. This takes the advisory lock functions from PUBLIC and gives them to
+-- pgqueue_worker, pgqueue_admin and the role running it (which migrates); any other role of
+-- this database (yours too) loses them: grant them back to those that need them.
+DO $restrict$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN
+        SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+        WHERE p.pronamespace = 'pg_catalog'::regnamespace AND p.proname LIKE 'pg\_%advisory%'
+    LOOP
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO pgqueue_worker, pgqueue_admin, %I',
+                       f, current_user);
+    END LOOP;
+END
+$restrict$

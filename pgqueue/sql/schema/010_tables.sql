@@ -310,6 +310,17 @@ CREATE TABLE pgqueue.rate_limits (
 )
 WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='500');
 
+-- What one worker at a time does (rescue, prune): a worker's round locks its row FOR UPDATE
+-- SKIP LOCKED, the others skip theirs. Not advisory locks: every role may take any advisory
+-- lock, and a tenant's role that held the rescuer's key stopped every rescue (found by a
+-- hostile tester, issue 32); a producer may not lock these rows.
+CREATE TABLE pgqueue.leader_locks (
+    name text NOT NULL,
+    CONSTRAINT leader_locks_pkey PRIMARY KEY (name)
+);
+
+INSERT INTO pgqueue.leader_locks (name) VALUES ('prune'), ('rescue');
+
 -- Which tenant a database role acts for, kept by an admin (`pgqueue grant` lets only
 -- pgqueue_admin write it). A session whose login role is listed, or is a member of a listed
 -- role, is confined to that tenant by row-level security, enqueue and cancel

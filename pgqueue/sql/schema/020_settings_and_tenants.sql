@@ -42,14 +42,42 @@ AS $$
     LEFT JOIN pgqueue.tenants t ON t.tenant_id = tenant_quantum.tenant_id
 $$;
 
+-- A setting that guards the system (the payload cap, require_known_tenant), read where a
+-- caller cannot raise it: the GUC pgqueue.<name> as this session sees it for a session whose
+-- login role may write pgqueue.jobs itself (pgqueue.session_writes_jobs: the owner,
+-- superusers, workers, admins, who may change anything anyway); for any other session (a
+-- producer) only the value an admin set for this database (ALTER DATABASE ... SET) or for
+-- all of them (ALTER ROLE ALL SET), never one the session set (SET, set_config, PGOPTIONS).
+-- NULL when there is none. Found by a hostile tester (issue 32): a tenant's role ran
+-- SET pgqueue.max_payload_bytes = 1e11 and enqueued a 3 MB payload past the 1 MiB cap.
+CREATE OR REPLACE FUNCTION pgqueue.guarded_setting(name text)
+RETURNS text
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF pgqueue.session_writes_jobs() THEN
+        RETURN current_setting('pgqueue.' || guarded_setting.name, true);
+    END IF;
+    RETURN (SELECT substr(c.item, char_length(guarded_setting.name) + 10)
+            FROM pg_catalog.pg_db_role_setting s
+            CROSS JOIN LATERAL unnest(s.setconfig) AS c(item)
+            WHERE s.setrole = 0
+              AND s.setdatabase IN (0, (SELECT d.oid FROM pg_catalog.pg_database d
+                                        WHERE d.datname = current_database()))
+              AND starts_with(c.item, 'pgqueue.' || guarded_setting.name || '=')
+            ORDER BY s.setdatabase DESC
+            LIMIT 1);
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgqueue.tenants_required() RETURNS boolean
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
     -- Whether jobs of tenants not in pgqueue.tenants are refused (PQ007) rather than their
-    -- tenants registered: the pgqueue.require_known_tenant setting, read as Postgres reads a
-    -- boolean (on, true, yes, 1, t, y; any case, spaces around). Found by a tester: 'ON',
-    -- 'yes' and 'True ' read as off.
-    SELECT lower(btrim(coalesce(current_setting('pgqueue.require_known_tenant', true), '')))
+    -- tenants registered: the pgqueue.require_known_tenant setting (pgqueue.guarded_setting:
+    -- a producer cannot switch it off), read as Postgres reads a boolean (on, true, yes, 1,
+    -- t, y; any case, spaces around). Found by a tester: 'ON', 'yes' and 'True ' read as off.
+    SELECT lower(btrim(coalesce(pgqueue.guarded_setting('require_known_tenant'), '')))
            IN ('on', 'true', 'yes', '1', 't', 'y')
 $$;
 

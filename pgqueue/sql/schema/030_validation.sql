@@ -118,7 +118,7 @@ LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     max_bytes bigint := coalesce(
-        nullif(current_setting('pgqueue.max_payload_bytes', true), '')::bigint, 1048576);
+        nullif(pgqueue.guarded_setting('max_payload_bytes'), '')::bigint, 1048576);
     size_bytes bigint;
     problem text;
 BEGIN

@@ -3,17 +3,19 @@
 -- tier. The insert trigger keeps the counters and wakes workers (NOTIFY).
 
 -- Raised for a full tier whose policy is reject or block: SQLSTATE PQ010, the verdict as JSON
--- in DETAIL (tier, tenant_id, policy, scope, depth, cap).
+-- in DETAIL (tier, tenant_id, policy, scope, depth, cap). depth NULL (a full tier, told to a
+-- producer, pgqueue.admission_check): the message says the tier is full, not how full.
 CREATE OR REPLACE FUNCTION pgqueue.raise_queue_full(p_tier pgqueue.tier, p_tenant text, p_policy text,
                                                     p_scope text, p_depth bigint, p_cap bigint)
 RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    RAISE EXCEPTION 'queue full: % holds % queued jobs (cap %, policy %)',
+    RAISE EXCEPTION 'queue full: % % (cap %, policy %)',
         CASE p_scope WHEN 'tier' THEN 'tier ' || p_tier
                      ELSE 'tenant ' || quote_literal(p_tenant) || ' in tier ' || p_tier END,
-        p_depth, p_cap, p_policy
+        coalesce('holds ' || p_depth || ' queued jobs', 'is at its cap of queued jobs'),
+        p_cap, p_policy
         USING ERRCODE = 'PQ010',
               DETAIL = json_build_object('tier', p_tier, 'tenant_id', p_tenant,
                                          'policy', p_policy, 'scope', p_scope,
@@ -57,18 +59,11 @@ DECLARE
     tenant_cap bigint;
     known boolean;
     new_id bigint;
-    ruled boolean;
-    bookkept text;
-    row_tenant text;
-    row_tier pgqueue.tier;
-    row_queued boolean;
-    tier_counted boolean;
-    tenant_counted boolean;
 BEGIN
     PERFORM pgqueue.check_tenant_scope(ARRAY[try_enqueue.tenant_id]);  -- before any read
     IF pgqueue.job_is_valid(try_enqueue.tenant_id, try_enqueue.origin, try_enqueue.payload,
                             try_enqueue.sla_seconds, try_enqueue.kind, try_enqueue.max_attempts,
-                            coalesce(nullif(current_setting('pgqueue.max_payload_bytes', true),
+                            coalesce(nullif(pgqueue.guarded_setting('max_payload_bytes'),
                                             '')::bigint, 1048576)) IS NOT TRUE THEN
         PERFORM pgqueue.validate_job(try_enqueue.tenant_id, try_enqueue.origin,
                                      try_enqueue.payload, try_enqueue.sla_seconds,
@@ -96,14 +91,10 @@ BEGIN
     END IF;
     -- One statement: the tier (pgqueue.is_demoted's rule), its admission row, and the tenant:
     -- registered or not, and if so locked FOR KEY SHARE until the transaction ends, as the
-    -- insert trigger's check would lock it; and whether pgqueue.jobs has rules, which a
-    -- statement with data-modifying CTEs cannot run (found by a tester: a DO ALSO rule of the
-    -- user's made every single enqueue fail).
+    -- insert trigger's check would lock it.
     SELECT k.tier, a.policy, a.max_queued, coalesce(r.max_queued, a.tenant_max_queued),
-           coalesce(r.known, false),
-           (SELECT c.relhasrules FROM pg_catalog.pg_class c
-            WHERE c.oid = 'pgqueue.jobs'::regclass)
-    INTO t, pol, tier_cap, tenant_cap, known, ruled
+           coalesce(r.known, false)
+    INTO t, pol, tier_cap, tenant_cap, known
     FROM (SELECT pgqueue.classify(o, try_enqueue.sla_seconds,
                                   EXISTS (SELECT 1 FROM pgqueue.demotions d
                                           WHERE d.tenant_id = try_enqueue.tenant_id
@@ -130,71 +121,6 @@ BEGIN
             RETURN NEXT;
             RETURN;
         END IF;
-    END IF;
-    IF try_enqueue.dedupe_key IS NULL AND known AND NOT ruled
-       AND current_setting('transaction_isolation') = 'read committed' THEN
-        -- The trigger's work for this one row, driven by the row as inserted (a BEFORE
-        -- trigger of the user's may change its tenant, tier or state, or drop it): its
-        -- counters (as pgqueue.queue_counts_add updates them in READ COMMITTED: a row
-        -- of the key no other transaction holds) and NOTIFY; another tenant is checked and
-        -- locked after it. The setting is put back as it was after, for an enqueue nested in
-        -- such a trigger.
-        bookkept := current_setting('pgqueue.insert_bookkept', true);
-        PERFORM set_config('pgqueue.insert_bookkept',
-                           pg_current_xact_id()::text || '/' || pg_trigger_depth(), true);
-        WITH ins AS (
-            INSERT INTO pgqueue.jobs AS j (tenant_id, kind, origin, sla_seconds, priority,
-                                           payload, model, est_input_tokens, max_output_tokens,
-                                           cost, max_attempts, run_at)
-            SELECT try_enqueue.tenant_id, try_enqueue.kind, o, try_enqueue.sla_seconds, t,
-                   try_enqueue.payload, try_enqueue.payload ->> 'model', e.est,
-                   pgqueue.payload_max_tokens(try_enqueue.payload), pgqueue.job_cost(e.est),
-                   coalesce(try_enqueue.max_attempts, 5), coalesce(try_enqueue.run_at, now())
-            FROM pgqueue.input_token_estimate(try_enqueue.payload) e
-            RETURNING j.id, j.tenant_id, j.priority, j.state = 'queued' AS queued
-        ), counted AS (
-            UPDATE pgqueue.queue_counts c SET queued = c.queued + 1
-            WHERE c.ctid = ANY (ARRAY[
-                (SELECT x.ctid FROM pgqueue.queue_counts x, ins i
-                 WHERE i.queued AND x.tier = i.priority AND x.tenant_id IS NULL
-                   AND NOT x.claim_stripe
-                 LIMIT 1 FOR UPDATE OF x SKIP LOCKED),
-                (SELECT x.ctid FROM pgqueue.queue_counts x, ins i
-                 WHERE i.queued AND x.tier = i.priority AND x.tenant_id = i.tenant_id
-                   AND NOT x.claim_stripe
-                 LIMIT 1 FOR UPDATE OF x SKIP LOCKED)])
-            RETURNING c.tenant_id IS NULL AS tier_total
-        )
-        SELECT i.id, i.tenant_id, i.priority, i.queued,
-               coalesce((SELECT bool_or(k.tier_total) FROM counted k), false),
-               coalesce((SELECT bool_or(NOT k.tier_total) FROM counted k), false),
-               pg_notify('pgqueue_jobs', CASE WHEN i.queued THEN i.priority::text ELSE '' END)
-        INTO new_id, row_tenant, row_tier, row_queued, tier_counted, tenant_counted
-        FROM ins i;
-        PERFORM set_config('pgqueue.insert_bookkept', coalesce(bookkept, ''), true);
-        -- Another tenant than the one looked up: checked and locked as the trigger would, by
-        -- a statement of its own, whose snapshot sees a tenant registered meanwhile (by that
-        -- BEFORE trigger, or by another transaction; found by a tester).
-        IF new_id IS NOT NULL AND row_tenant <> try_enqueue.tenant_id THEN
-            PERFORM 1 FROM pgqueue.tenants r WHERE r.tenant_id = row_tenant FOR KEY SHARE;
-            IF NOT FOUND THEN
-                RAISE EXCEPTION 'unknown tenant %: register it first (pgqueue.ensure_tenant)',
-                    quote_literal(row_tenant) USING ERRCODE = 'foreign_key_violation';
-            END IF;
-        END IF;
-        -- No row of a key updated (all held, or the one locked changed after the snapshot):
-        -- a new row, as queue_counts_add does.
-        IF row_queued AND NOT tier_counted THEN
-            INSERT INTO pgqueue.queue_counts (tier, tenant_id, queued)
-            VALUES (row_tier, NULL, 1);
-        END IF;
-        IF row_queued AND NOT tenant_counted THEN
-            INSERT INTO pgqueue.queue_counts (tier, tenant_id, queued)
-            VALUES (row_tier, row_tenant, 1);
-        END IF;
-        id := new_id; outcome := 'enqueued'; tier := t; policy := pol;
-        RETURN NEXT;
-        RETURN;
     END IF;
     IF NOT known THEN
         PERFORM pgqueue.ensure_tenant(try_enqueue.tenant_id);
@@ -284,8 +210,10 @@ END
 $$;
 
 -- New rows: queued counters and one NOTIFY
--- naming the tiers touched. Skipped when try_enqueue did this bookkeeping itself for its row
--- (the trigger's WHEN).
+-- naming the tiers touched. Runs for every insert: nothing a caller can set skips it (found
+-- by a hostile tester, issue 32: revision 0019 skipped it when a transaction-local setting
+-- named the transaction, which a producer could set by hand before enqueue_many, leaving
+-- jobs no counter saw; a cancel then drove the tier's count below zero and lifted its cap).
 CREATE OR REPLACE FUNCTION pgqueue.jobs_after_insert() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -334,5 +262,4 @@ CREATE TRIGGER jobs_after_insert
     AFTER INSERT ON pgqueue.jobs
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT
-    WHEN ((current_setting('pgqueue.insert_bookkept'::text, true) IS DISTINCT FROM (((pg_current_xact_id())::text || '/'::text) || pg_trigger_depth())))
     EXECUTE FUNCTION pgqueue.jobs_after_insert();

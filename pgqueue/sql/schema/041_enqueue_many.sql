@@ -80,8 +80,10 @@ BEGIN
     SELECT array_agg(ROW(
                j.ord, j.tenant_id, j.o, j.payload, j.sla, j.kind, j.tier, j.ok, j.policy,
                CASE WHEN j.ok THEN NULL WHEN NOT j.tenant_ok THEN 'tenant' ELSE 'tier' END,
+               -- (a tier's depth only for a session that may see every tenant's jobs, as
+               -- pgqueue.admission_check)
                CASE WHEN j.ok THEN NULL WHEN NOT j.tenant_ok THEN j.tenant_depth
-                    ELSE j.tier_depth END,
+                    WHEN pgqueue.session_writes_jobs() THEN j.tier_depth END,
                CASE WHEN j.ok THEN NULL WHEN NOT j.tenant_ok THEN j.tenant_cap
                     ELSE j.tier_cap END)::pgqueue.enqueue_batch_item ORDER BY j.ord)
     INTO batch
@@ -196,7 +198,7 @@ RETURNS TABLE(ord bigint, id bigint, outcome text, tier pgqueue.tier, policy tex
 DECLARE
     n integer := coalesce(cardinality(tenant_ids), 0);
     max_bytes bigint := coalesce(
-        nullif(current_setting('pgqueue.max_payload_bytes', true), '')::bigint, 1048576);
+        nullif(pgqueue.guarded_setting('max_payload_bytes'), '')::bigint, 1048576);
     demoted text[];
     bad bigint;
     r record;

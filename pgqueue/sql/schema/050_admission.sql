@@ -3,7 +3,8 @@
 -- jobs, folded by queue_counts_compact). docs/admission.md explains the design.
 
 -- The admission verdict (as in 0006), reading the tier's total and the tenant's count with one
--- index lookup each instead of every counter row of the tier.
+-- index lookup each instead of every counter row of the tier. depth is NULL for a full tier
+-- when the session may not see every tenant's jobs (a producer).
 CREATE OR REPLACE FUNCTION pgqueue.admission_check(p_tier pgqueue.tier, p_tenant text,
                                                    n integer DEFAULT 1,
                                                    OUT admitted boolean, OUT policy text,
@@ -45,7 +46,11 @@ BEGIN
         PERFORM pgqueue.queue_counts_compact(p_tier, p_tenant, 1000);
     END IF;
     IF tier_cap IS NOT NULL AND tier_depth + n > tier_cap THEN
-        admitted := false; scope := 'tier'; depth := tier_depth; cap := tier_cap;
+        -- The tier's depth counts every tenant's jobs: only for a session that may see them
+        -- all (pgqueue.session_writes_jobs); a producer learns the cap and that it is reached
+        -- (found by a hostile tester, issue 32: the error told a tenant others' queue depth).
+        admitted := false; scope := 'tier'; cap := tier_cap;
+        depth := CASE WHEN pgqueue.session_writes_jobs() THEN tier_depth END;
     ELSIF tenant_cap IS NOT NULL AND tenant_depth + n > tenant_cap THEN
         admitted := false; scope := 'tenant'; depth := tenant_depth; cap := tenant_cap;
     END IF;

@@ -64,8 +64,11 @@ BEGIN
     IF why IS NULL THEN
         RETURN NULL;
     END IF;
-    -- One demotion at a time per tenant, even with concurrent checks.
-    PERFORM pg_advisory_xact_lock(hashtextextended('pgqueue.demote:' || p_tenant, 0));
+    -- One demotion at a time per tenant, even with concurrent checks: the tenant's row,
+    -- which a producer may not lock (enqueues' FOR KEY SHARE does not conflict). Not an
+    -- advisory lock: found by a hostile tester (issue 32), a tenant's role could hold any
+    -- tenant's key, and every completion that demoted that tenant waited for it.
+    PERFORM 1 FROM pgqueue.tenants t WHERE t.tenant_id = p_tenant FOR NO KEY UPDATE;
     IF pgqueue.is_demoted(p_tenant) THEN
         RETURN NULL;
     END IF;
