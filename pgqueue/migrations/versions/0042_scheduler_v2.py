@@ -465,6 +465,16 @@ AS $$
     SELECT * FROM s
 $$;
 
+-- Whether the horizon left due jobs of this lane and tier unstamped (claims stop at its
+-- frontier until a fold goes on): the tier is still backlogged.
+CREATE OR REPLACE FUNCTION pgqueue.lane_tier_cut(p_lane text, p_tier pgqueue.tier)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT EXISTS (SELECT FROM pgqueue.lane_tiers l
+                   WHERE l.lane = p_lane AND l.tier = p_tier AND l.frontier_round IS NOT NULL)
+$$;
+
 -- Whether a claimed job goes to the batches lane (docs/batches.md) instead of the Messages
 -- API: a batch-tier anthropic.messages job of a tenant whose lane is on (its own batch_lane
 -- row, else the '' row, else off), unless one of its requests already expired in a batch
@@ -485,19 +495,59 @@ AS $$
                          AND b.outcome = 'expired')
 $$;
 
--- Claim up to p_max jobs over every lane, leased to p_worker. Each lane with due work is
--- folded (its stamping, if no one else does it), then the lanes are served in the order of the
--- highest tier each can send, then of its head job's arrival (LaneScheduler of
--- pgqueue.scheduling.lanes). Within a lane the tier goes by pgqueue.tier_policy(): strict is
--- priority order; weighted draws each slot's tier at random by weight among the lane's
--- backlogged tiers (no row is written to keep the shares: in expectation each tier gets its
--- weight's share of the slots); probabilistic takes critical with probability 0.9 when present,
--- else standard:batch 25:5. Slots a tier cannot fill go to the others (work-conserving).
--- With p_admit, a rate-limited lane (Messages API jobs of a model, not the batches lane's) goes
--- one job at a time: the job's request and tokens are taken from the model's buckets
--- (pgqueue.ratelimit_try_take); a lane in cooldown or out of tokens stops there and holds back
--- no other lane. Rows: the jobs, then, when a lane was stopped and fewer than p_max were
--- claimed, one row with a NULL job and the seconds until the soonest stopped lane frees up.
+-- How many of `n` slots each of a lane's backlogged tiers (`tiers`, highest first) gets, by
+-- pgqueue.tier_policy(): strict gives them all to the first; weighted draws each slot's tier
+-- at random by weight (pgqueue.tier_weight), so no row is written to keep the shares: in
+-- expectation each tier gets its weight's share of the slots; probabilistic takes critical
+-- with probability 0.9 when it is backlogged, else standard:batch 25:5 (the article's rule).
+CREATE OR REPLACE FUNCTION pgqueue.tier_slots(tiers pgqueue.tier[], n integer)
+RETURNS integer[]
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    policy constant text := pgqueue.tier_policy();
+    weights double precision[] := ARRAY(SELECT pgqueue.tier_weight(t) FROM unnest(tiers) t);
+    slots integer[] := array_fill(0, ARRAY[cardinality(tiers)]);
+    total double precision := (SELECT sum(w) FROM unnest(weights) w);
+    x double precision;
+    i integer;
+BEGIN
+    IF policy = 'strict' THEN
+        slots[1] := n;
+        RETURN slots;
+    END IF;
+    FOR k IN 1 .. n LOOP
+        i := 1;
+        IF policy = 'weighted' THEN
+            x := random() * total;
+            WHILE i < cardinality(tiers) AND x >= weights[i] LOOP
+                x := x - weights[i];
+                i := i + 1;
+            END LOOP;
+        ELSIF tiers[1] <> 'critical' OR random() >= 0.9 THEN
+            i := coalesce(CASE WHEN random() * 30 < 25
+                               THEN array_position(tiers, 'standard')
+                               ELSE array_position(tiers, 'batch') END,
+                          array_position(tiers, 'standard'), array_position(tiers, 'batch'), 1);
+        END IF;
+        slots[i] := slots[i] + 1;
+    END LOOP;
+    RETURN slots;
+END
+$$;
+
+-- Claim up to p_max jobs over every lane, leased to p_worker. Each lane and tier with due
+-- unstamped jobs is folded (if no one else is folding it), then the lanes are served in the
+-- order of the highest tier each has, then of that tier's head job's arrival (LaneScheduler of
+-- pgqueue.scheduling.lanes). A lane's slots go to its tiers by pgqueue.tier_slots, then what
+-- a tier could not fill to the others in priority order (work-conserving). With p_admit, a
+-- rate-limited lane (Messages API jobs of a model; the batches lane's jobs take nothing) goes
+-- one job at a time, the highest tier first: the job's request and tokens are taken from the
+-- model's buckets (pgqueue.ratelimit_try_take); a lane in cooldown or out of tokens stops
+-- there and holds back no other lane. A lane and tier whose claims reached its frontier (the
+-- horizon left jobs unstamped) is folded again in another pass. Rows: the jobs, then, when a
+-- lane was stopped and fewer than p_max were claimed, one row with a NULL job and the seconds
+-- until the soonest stopped lane frees up.
 CREATE OR REPLACE FUNCTION pgqueue.claim_lanes(p_max integer, p_worker text,
                                                p_lease double precision, p_admit boolean)
 RETURNS TABLE(job pgqueue.jobs, blocked_seconds double precision)
@@ -505,92 +555,85 @@ LANGUAGE plpgsql
 SET jit TO 'off'
 AS $$
 DECLARE
-    policy constant text := pgqueue.tier_policy();
-    all_tiers constant pgqueue.tier[] := enum_range(NULL::pgqueue.tier);
     got integer := 0;
+    got_before integer;
     n integer;
+    k integer;
+    again boolean;
     blocked double precision;
     wait double precision;
     lane record;
     t pgqueue.tier;
     j pgqueue.jobs;
-    quota integer[];
-    x double precision;
+    slots integer[];
 BEGIN
     IF coalesce(p_max, 0) <= 0 THEN
         RETURN;
     END IF;
-    -- The (lane, tier) pairs with unstamped due jobs: a skip scan, then a fold of each.
-    PERFORM pgqueue.fold(u.lane, u.tier)
-    FROM pgqueue.lane_tiers_unstamped() u;
-    FOR lane IN
-        SELECT h.lane, array_agg(h.tier ORDER BY h.tier) AS tiers,
-               bool_or(h.kind = 'anthropic.messages' AND h.model IS NOT NULL) AS limited
-        FROM pgqueue.lane_tiers_stamped() h
-        GROUP BY h.lane
-        ORDER BY min(h.tier), (array_agg(h.id ORDER BY h.tier))[1], h.lane
+    PERFORM pgqueue.tier_policy();  -- an unknown policy is refused even on an empty queue
     LOOP
-        EXIT WHEN got >= p_max;
-        IF p_admit AND lane.limited THEN
-            LOOP
-                EXIT WHEN got >= p_max;
-                -- The tier to send: strict priority order among the backlogged tiers.
-                -- issue-28-shares: t := pgqueue.ratelimit_pick_tier(lane.lane, needs)
-                j := NULL;
-                FOREACH t IN ARRAY lane.tiers LOOP
-                    j := pgqueue.lane_head(lane.lane, t);
-                    EXIT WHEN j.id IS NOT NULL;
+        again := false;
+        got_before := got;
+        PERFORM pgqueue.fold(u.lane, u.tier) FROM pgqueue.lane_tiers_unstamped() u;
+        FOR lane IN
+            SELECT h.lane, array_agg(h.tier ORDER BY h.tier) AS tiers,
+                   bool_or(h.kind = 'anthropic.messages' AND h.model IS NOT NULL) AS limited
+            FROM pgqueue.lane_tiers_stamped() h
+            GROUP BY h.lane
+            ORDER BY min(h.tier), (array_agg(h.id ORDER BY h.tier))[1], h.lane
+        LOOP
+            EXIT WHEN got >= p_max;
+            IF p_admit AND lane.limited THEN
+                LOOP
+                    EXIT WHEN got >= p_max;
+                    -- The tier to send: strict priority order among the backlogged tiers.
+                    -- issue-28-shares: t := pgqueue.ratelimit_pick_tier(lane.lane, needs)
+                    j := NULL;
+                    FOREACH t IN ARRAY lane.tiers LOOP
+                        j := pgqueue.lane_head(lane.lane, t);
+                        EXIT WHEN j.id IS NOT NULL OR pgqueue.lane_tier_cut(lane.lane, t);
+                    END LOOP;
+                    IF j.id IS NULL THEN
+                        again := again OR pgqueue.lane_tier_cut(lane.lane, t);
+                        EXIT;
+                    END IF;
+                    wait := 0;
+                    IF j.kind = 'anthropic.messages' AND j.model IS NOT NULL
+                       AND NOT pgqueue.batch_lane_takes(j.id, j.tenant_id, j.priority, j.kind)
+                    THEN
+                        wait := pgqueue.ratelimit_try_take(j.model, j.est_input_tokens,
+                                                           j.max_output_tokens);
+                    END IF;
+                    IF wait > 0 AND wait < 'Infinity'::double precision THEN
+                        blocked := least(coalesce(blocked, wait), wait);
+                        EXIT;
+                    END IF;
+                    RETURN QUERY SELECT c, NULL::double precision
+                                 FROM pgqueue.claim_keyed(lane.lane, j.priority, 1, p_worker,
+                                                          p_lease, j.id) c;
+                    got := got + 1;
                 END LOOP;
-                EXIT WHEN j.id IS NULL;
-                wait := 0;
-                IF j.kind = 'anthropic.messages' AND j.model IS NOT NULL
-                   AND NOT pgqueue.batch_lane_takes(j.id, j.tenant_id, j.priority, j.kind) THEN
-                    wait := pgqueue.ratelimit_try_take(j.model, j.est_input_tokens,
-                                                       j.max_output_tokens);
-                END IF;
-                IF wait > 0 AND wait < 'Infinity'::double precision THEN
-                    blocked := least(coalesce(blocked, wait), wait);
-                    EXIT;
-                END IF;
-                RETURN QUERY SELECT c, NULL::double precision
-                             FROM pgqueue.claim_keyed(lane.lane, j.priority, 1, p_worker,
-                                                      p_lease, j.id) c;
-                got := got + 1;
-            END LOOP;
-            CONTINUE;
-        END IF;
-        -- Slots per tier by the policy, then what is left in priority order.
-        quota := '{0,0,0}';
-        FOR k IN 1 .. p_max - got LOOP
-            t := lane.tiers[1];
-            IF policy = 'weighted' THEN
-                x := random() * (SELECT sum(pgqueue.tier_weight(y)) FROM unnest(lane.tiers) y);
-                FOREACH t IN ARRAY lane.tiers LOOP
-                    x := x - pgqueue.tier_weight(t);
-                    EXIT WHEN x < 0;
-                END LOOP;
-            ELSIF policy = 'probabilistic' AND NOT ('critical' = ANY (lane.tiers)
-                                                     AND random() < 0.9) THEN
-                x := random() * 30;
-                t := CASE WHEN NOT 'batch' = ANY (lane.tiers) OR ('standard' = ANY (lane.tiers)
-                               AND x < 25) THEN 'standard'
-                          ELSE 'batch' END;
-                t := CASE WHEN t = ANY (lane.tiers) THEN t ELSE lane.tiers[1] END;
+                CONTINUE;
             END IF;
-            n := array_position(all_tiers, t);
-            quota[n] := quota[n] + 1;
-        END LOOP;
-        FOR pass IN 1 .. 2 LOOP
-            FOREACH t IN ARRAY lane.tiers LOOP
-                n := CASE WHEN pass = 1 THEN quota[array_position(all_tiers, t)]
-                          ELSE p_max - got END;
-                CONTINUE WHEN n <= 0;
-                RETURN QUERY SELECT c, NULL::double precision
-                             FROM pgqueue.claim_keyed(lane.lane, t, n, p_worker, p_lease) c;
-                GET DIAGNOSTICS n = ROW_COUNT;
-                got := got + n;
+            slots := pgqueue.tier_slots(lane.tiers, p_max - got);
+            <<tiers>>
+            FOR pass IN 1 .. 2 LOOP
+                FOR i IN 1 .. cardinality(lane.tiers) LOOP
+                    t := lane.tiers[i];
+                    n := CASE WHEN pass = 1 THEN slots[i] ELSE p_max - got END;
+                    CONTINUE WHEN n <= 0;
+                    RETURN QUERY SELECT c, NULL::double precision
+                                 FROM pgqueue.claim_keyed(lane.lane, t, n, p_worker, p_lease) c;
+                    GET DIAGNOSTICS k = ROW_COUNT;
+                    got := got + k;
+                    IF k < n AND pgqueue.lane_tier_cut(lane.lane, t) THEN
+                        again := true;  -- fold it again before a lower tier goes
+                        EXIT tiers;
+                    END IF;
+                END LOOP;
             END LOOP;
         END LOOP;
+        EXIT WHEN NOT again OR got >= p_max OR got = got_before;
     END LOOP;
     IF blocked IS NOT NULL AND got < p_max THEN
         RETURN QUERY SELECT NULL::pgqueue.jobs, blocked;
@@ -879,6 +922,8 @@ DROP FUNCTION IF EXISTS pgqueue.jobs_unstamp();
 DROP FUNCTION IF EXISTS pgqueue.claim_lanes(integer, text, double precision, boolean);
 DROP FUNCTION IF EXISTS pgqueue.claim_keyed(text, pgqueue.tier, integer, text, double precision, bigint);
 DROP FUNCTION IF EXISTS pgqueue.lane_head(text, pgqueue.tier);
+DROP FUNCTION IF EXISTS pgqueue.lane_tier_cut(text, pgqueue.tier);
+DROP FUNCTION IF EXISTS pgqueue.tier_slots(pgqueue.tier[], integer);
 DROP FUNCTION IF EXISTS pgqueue.lane_tiers_stamped();
 DROP FUNCTION IF EXISTS pgqueue.lane_tiers_unstamped();
 DROP FUNCTION IF EXISTS pgqueue.fold(text, pgqueue.tier);
