@@ -2,7 +2,8 @@
 their weight's share of the refill while the tier is backlogged, and a trunk reserve that a
 lower tier leaves in the bucket while a higher tier is idle (GUC ratelimit_trunk_reserve, default
 1/4 of the limit; TierShares, the pure reference in pgqueue/scheduling/capacity.py). Columns on ``pgqueue.rate_limits``, ``ratelimit_pick_tier``,
-``ratelimit_try_take`` with a tier, and the guarantees in ``rate_limit_state``.
+``ratelimit_try_take`` with a tier, the guarantees in ``rate_limit_state``, and the claim of a
+rate-limited lane picking its tier by them (``claim_lanes``, weighted policy).
 
 Revision ID: 0043
 Revises: 0042
@@ -223,6 +224,221 @@ SELECT l.model, l.requests_per_minute, l.input_tokens_per_minute, l.output_token
 FROM pgqueue.rate_limits l;
 """
 
+CLAIM_LANES = """\
+CREATE OR REPLACE FUNCTION pgqueue.claim_lanes(p_max integer, p_worker text,
+                                               p_lease double precision, p_admit boolean)
+RETURNS TABLE(job pgqueue.jobs, blocked_seconds double precision)
+LANGUAGE plpgsql
+SET jit TO 'off'
+AS $$
+DECLARE
+    got integer := 0;
+    got_before integer;
+    n integer;
+    k integer;
+    again boolean;
+    blocked double precision;
+    wait double precision;
+    lane record;
+    t pgqueue.tier;
+    j pgqueue.jobs;
+    slots integer[];
+    all_tiers constant pgqueue.tier[] := enum_range(NULL::pgqueue.tier);
+    heads pgqueue.jobs[];
+    needs double precision[];
+    outs double precision[];
+    policy text;
+BEGIN
+    IF coalesce(p_max, 0) <= 0 THEN
+        RETURN;
+    END IF;
+    policy := pgqueue.tier_policy();  -- an unknown policy is refused even on an empty queue
+    LOOP
+        again := false;
+        got_before := got;
+        PERFORM pgqueue.fold(u.lane, u.tier) FROM pgqueue.lane_tiers_unstamped() u;
+        FOR lane IN
+            SELECT h.lane, array_agg(h.tier ORDER BY h.tier) AS tiers,
+                   bool_or(h.kind = 'anthropic.messages' AND h.model IS NOT NULL) AS limited
+            FROM pgqueue.lane_tiers_stamped() h
+            GROUP BY h.lane
+            ORDER BY min(h.tier), (array_agg(h.id ORDER BY h.tier))[1], h.lane
+        LOOP
+            EXIT WHEN got >= p_max;
+            IF p_admit AND lane.limited THEN
+                LOOP
+                    EXIT WHEN got >= p_max;
+                    -- Each backlogged tier's head, and what it needs from the model's buckets
+                    -- (NULL: a batches-lane job, which takes nothing).
+                    heads := '{}';
+                    needs := '{NULL,NULL,NULL}';
+                    outs := '{NULL,NULL,NULL}';
+                    FOREACH t IN ARRAY lane.tiers LOOP
+                        j := pgqueue.lane_head(lane.lane, t);
+                        IF j.id IS NULL THEN
+                            again := again OR pgqueue.lane_tier_cut(lane.lane, t);
+                            CONTINUE;
+                        END IF;
+                        k := array_position(all_tiers, t);
+                        heads[k] := j;
+                        IF NOT pgqueue.batch_lane_takes(j.id, j.tenant_id, j.priority, j.kind) THEN
+                            needs[k] := j.est_input_tokens;
+                            outs[k] := j.max_output_tokens;
+                        END IF;
+                    END LOOP;
+                    -- The tier to send: a head that takes nothing goes first; else, under the
+                    -- weighted policy, the tiers share the bucket (ratelimit_pick_tier:
+                    -- guarantees and the trunk reserve), else the highest tier goes first.
+                    k := (SELECT min(x) FROM generate_series(1, 3) x
+                          WHERE (heads[x]).id IS NOT NULL AND needs[x] IS NULL);
+                    IF k IS NULL AND policy = 'weighted' THEN
+                        k := array_position(all_tiers,
+                                            pgqueue.ratelimit_pick_tier(lane.lane, needs, outs));
+                    END IF;
+                    wait := 0;
+                    IF k IS NULL THEN  -- none fits now (weighted), or strict order: the highest
+                        k := (SELECT min(x) FROM generate_series(1, 3) x
+                              WHERE needs[x] IS NOT NULL);
+                        EXIT WHEN k IS NULL;
+                    END IF;
+                    IF needs[k] IS NOT NULL THEN  -- 'Infinity': larger than a bucket, let through
+                        wait := pgqueue.ratelimit_try_take(lane.lane, needs[k], outs[k],
+                                                           CASE WHEN policy = 'weighted'
+                                                                THEN all_tiers[k] END);
+                    END IF;
+                    IF wait > 0 AND wait < 'Infinity'::double precision THEN
+                        blocked := least(coalesce(blocked, wait), wait);
+                        EXIT;
+                    END IF;
+                    RETURN QUERY SELECT c, NULL::double precision
+                                 FROM pgqueue.claim_keyed(lane.lane, all_tiers[k], 1, p_worker,
+                                                          p_lease, (heads[k]).id) c;
+                    got := got + 1;
+                END LOOP;
+                CONTINUE;
+            END IF;
+            slots := pgqueue.tier_slots(lane.tiers, p_max - got);
+            <<tiers>>
+            FOR pass IN 1 .. 2 LOOP
+                FOR i IN 1 .. cardinality(lane.tiers) LOOP
+                    t := lane.tiers[i];
+                    n := CASE WHEN pass = 1 THEN slots[i] ELSE p_max - got END;
+                    CONTINUE WHEN n <= 0;
+                    RETURN QUERY SELECT c, NULL::double precision
+                                 FROM pgqueue.claim_keyed(lane.lane, t, n, p_worker, p_lease) c;
+                    GET DIAGNOSTICS k = ROW_COUNT;
+                    got := got + k;
+                    IF k < n AND pgqueue.lane_tier_cut(lane.lane, t) THEN
+                        again := true;  -- fold it again before a lower tier goes
+                        EXIT tiers;
+                    END IF;
+                END LOOP;
+            END LOOP;
+        END LOOP;
+        EXIT WHEN NOT again OR got >= p_max OR got = got_before;
+    END LOOP;
+    IF blocked IS NOT NULL AND got < p_max THEN
+        RETURN QUERY SELECT NULL::pgqueue.jobs, blocked;
+    END IF;
+END
+$$;
+"""
+
+CLAIM_LANES_BEFORE = """\
+CREATE OR REPLACE FUNCTION pgqueue.claim_lanes(p_max integer, p_worker text,
+                                               p_lease double precision, p_admit boolean)
+RETURNS TABLE(job pgqueue.jobs, blocked_seconds double precision)
+LANGUAGE plpgsql
+SET jit TO 'off'
+AS $$
+DECLARE
+    got integer := 0;
+    got_before integer;
+    n integer;
+    k integer;
+    again boolean;
+    blocked double precision;
+    wait double precision;
+    lane record;
+    t pgqueue.tier;
+    j pgqueue.jobs;
+    slots integer[];
+BEGIN
+    IF coalesce(p_max, 0) <= 0 THEN
+        RETURN;
+    END IF;
+    PERFORM pgqueue.tier_policy();  -- an unknown policy is refused even on an empty queue
+    LOOP
+        again := false;
+        got_before := got;
+        PERFORM pgqueue.fold(u.lane, u.tier) FROM pgqueue.lane_tiers_unstamped() u;
+        FOR lane IN
+            SELECT h.lane, array_agg(h.tier ORDER BY h.tier) AS tiers,
+                   bool_or(h.kind = 'anthropic.messages' AND h.model IS NOT NULL) AS limited
+            FROM pgqueue.lane_tiers_stamped() h
+            GROUP BY h.lane
+            ORDER BY min(h.tier), (array_agg(h.id ORDER BY h.tier))[1], h.lane
+        LOOP
+            EXIT WHEN got >= p_max;
+            IF p_admit AND lane.limited THEN
+                LOOP
+                    EXIT WHEN got >= p_max;
+                    -- The tier to send: strict priority order among the backlogged tiers.
+                    -- issue-28-shares: t := pgqueue.ratelimit_pick_tier(lane.lane, needs)
+                    j := NULL;
+                    FOREACH t IN ARRAY lane.tiers LOOP
+                        j := pgqueue.lane_head(lane.lane, t);
+                        EXIT WHEN j.id IS NOT NULL OR pgqueue.lane_tier_cut(lane.lane, t);
+                    END LOOP;
+                    IF j.id IS NULL THEN
+                        again := again OR pgqueue.lane_tier_cut(lane.lane, t);
+                        EXIT;
+                    END IF;
+                    wait := 0;
+                    IF j.kind = 'anthropic.messages' AND j.model IS NOT NULL
+                       AND NOT pgqueue.batch_lane_takes(j.id, j.tenant_id, j.priority, j.kind)
+                    THEN
+                        wait := pgqueue.ratelimit_try_take(j.model, j.est_input_tokens,
+                                                           j.max_output_tokens);
+                    END IF;
+                    IF wait > 0 AND wait < 'Infinity'::double precision THEN
+                        blocked := least(coalesce(blocked, wait), wait);
+                        EXIT;
+                    END IF;
+                    RETURN QUERY SELECT c, NULL::double precision
+                                 FROM pgqueue.claim_keyed(lane.lane, j.priority, 1, p_worker,
+                                                          p_lease, j.id) c;
+                    got := got + 1;
+                END LOOP;
+                CONTINUE;
+            END IF;
+            slots := pgqueue.tier_slots(lane.tiers, p_max - got);
+            <<tiers>>
+            FOR pass IN 1 .. 2 LOOP
+                FOR i IN 1 .. cardinality(lane.tiers) LOOP
+                    t := lane.tiers[i];
+                    n := CASE WHEN pass = 1 THEN slots[i] ELSE p_max - got END;
+                    CONTINUE WHEN n <= 0;
+                    RETURN QUERY SELECT c, NULL::double precision
+                                 FROM pgqueue.claim_keyed(lane.lane, t, n, p_worker, p_lease) c;
+                    GET DIAGNOSTICS k = ROW_COUNT;
+                    got := got + k;
+                    IF k < n AND pgqueue.lane_tier_cut(lane.lane, t) THEN
+                        again := true;  -- fold it again before a lower tier goes
+                        EXIT tiers;
+                    END IF;
+                END LOOP;
+            END LOOP;
+        END LOOP;
+        EXIT WHEN NOT again OR got >= p_max OR got = got_before;
+    END LOOP;
+    IF blocked IS NOT NULL AND got < p_max THEN
+        RETURN QUERY SELECT NULL::pgqueue.jobs, blocked;
+    END IF;
+END
+$$;
+"""
+
 RATELIMIT_SAVE_BEFORE = """\
 CREATE OR REPLACE FUNCTION pgqueue.ratelimit_save(r pgqueue.rate_limits)
 RETURNS void
@@ -308,9 +524,11 @@ def upgrade() -> None:
     op.execute(RATELIMIT_TRY_TAKE)
     op.execute(RATELIMIT_PICK_TIER)
     op.execute(RATE_LIMIT_STATE)
+    op.execute(CLAIM_LANES)
 
 
 def downgrade() -> None:
+    op.execute(CLAIM_LANES_BEFORE)
     op.execute("DROP VIEW IF EXISTS pgqueue.rate_limit_state")
     op.execute(RATE_LIMIT_STATE_BEFORE)
     op.execute(

@@ -146,9 +146,11 @@ $$;
 -- pgqueue.scheduling.lanes). A lane's slots go to its tiers by pgqueue.tier_slots, then what
 -- a tier could not fill to the others in priority order (work-conserving). With p_admit, a
 -- rate-limited lane (Messages API jobs of a model; the batches lane's jobs take nothing) goes
--- one job at a time, the highest tier first: the job's request and tokens are taken from the
--- model's buckets (pgqueue.ratelimit_try_take); a lane in cooldown or out of tokens stops
--- there and holds back no other lane. A lane and tier whose claims reached its frontier (the
+-- one job at a time: under the weighted policy the tiers share the model's input-token bucket
+-- (ratelimit_pick_tier, the rule of pgqueue.scheduling.capacity.TierShares), else the highest
+-- tier goes first; the job's request and tokens are taken from the model's buckets
+-- (pgqueue.ratelimit_try_take); a lane in cooldown or out of tokens stops there and holds
+-- back no other lane. A lane and tier whose claims reached its frontier (the
 -- horizon left jobs unstamped) is folded again in another pass. Rows: the jobs, then, when a
 -- lane was stopped and fewer than p_max were claimed, one row with a NULL job and the seconds
 -- until the soonest stopped lane frees up.
@@ -170,11 +172,16 @@ DECLARE
     t pgqueue.tier;
     j pgqueue.jobs;
     slots integer[];
+    all_tiers constant pgqueue.tier[] := enum_range(NULL::pgqueue.tier);
+    heads pgqueue.jobs[];
+    needs double precision[];
+    outs double precision[];
+    policy text;
 BEGIN
     IF coalesce(p_max, 0) <= 0 THEN
         RETURN;
     END IF;
-    PERFORM pgqueue.tier_policy();  -- an unknown policy is refused even on an empty queue
+    policy := pgqueue.tier_policy();  -- an unknown policy is refused even on an empty queue
     LOOP
         again := false;
         got_before := got;
@@ -190,31 +197,51 @@ BEGIN
             IF p_admit AND lane.limited THEN
                 LOOP
                     EXIT WHEN got >= p_max;
-                    -- The tier to send: strict priority order among the backlogged tiers.
-                    -- issue-28-shares: t := pgqueue.ratelimit_pick_tier(lane.lane, needs)
-                    j := NULL;
+                    -- Each backlogged tier's head, and what it needs from the model's buckets
+                    -- (NULL: a batches-lane job, which takes nothing).
+                    heads := '{}';
+                    needs := '{NULL,NULL,NULL}';
+                    outs := '{NULL,NULL,NULL}';
                     FOREACH t IN ARRAY lane.tiers LOOP
                         j := pgqueue.lane_head(lane.lane, t);
-                        EXIT WHEN j.id IS NOT NULL OR pgqueue.lane_tier_cut(lane.lane, t);
+                        IF j.id IS NULL THEN
+                            again := again OR pgqueue.lane_tier_cut(lane.lane, t);
+                            CONTINUE;
+                        END IF;
+                        k := array_position(all_tiers, t);
+                        heads[k] := j;
+                        IF NOT pgqueue.batch_lane_takes(j.id, j.tenant_id, j.priority, j.kind) THEN
+                            needs[k] := j.est_input_tokens;
+                            outs[k] := j.max_output_tokens;
+                        END IF;
                     END LOOP;
-                    IF j.id IS NULL THEN
-                        again := again OR pgqueue.lane_tier_cut(lane.lane, t);
-                        EXIT;
+                    -- The tier to send: a head that takes nothing goes first; else, under the
+                    -- weighted policy, the tiers share the bucket (ratelimit_pick_tier:
+                    -- guarantees and the trunk reserve), else the highest tier goes first.
+                    k := (SELECT min(x) FROM generate_series(1, 3) x
+                          WHERE (heads[x]).id IS NOT NULL AND needs[x] IS NULL);
+                    IF k IS NULL AND policy = 'weighted' THEN
+                        k := array_position(all_tiers,
+                                            pgqueue.ratelimit_pick_tier(lane.lane, needs, outs));
                     END IF;
                     wait := 0;
-                    IF j.kind = 'anthropic.messages' AND j.model IS NOT NULL
-                       AND NOT pgqueue.batch_lane_takes(j.id, j.tenant_id, j.priority, j.kind)
-                    THEN
-                        wait := pgqueue.ratelimit_try_take(j.model, j.est_input_tokens,
-                                                           j.max_output_tokens);
+                    IF k IS NULL THEN  -- none fits now (weighted), or strict order: the highest
+                        k := (SELECT min(x) FROM generate_series(1, 3) x
+                              WHERE needs[x] IS NOT NULL);
+                        EXIT WHEN k IS NULL;
+                    END IF;
+                    IF needs[k] IS NOT NULL THEN  -- 'Infinity': larger than a bucket, let through
+                        wait := pgqueue.ratelimit_try_take(lane.lane, needs[k], outs[k],
+                                                           CASE WHEN policy = 'weighted'
+                                                                THEN all_tiers[k] END);
                     END IF;
                     IF wait > 0 AND wait < 'Infinity'::double precision THEN
                         blocked := least(coalesce(blocked, wait), wait);
                         EXIT;
                     END IF;
                     RETURN QUERY SELECT c, NULL::double precision
-                                 FROM pgqueue.claim_keyed(lane.lane, j.priority, 1, p_worker,
-                                                          p_lease, j.id) c;
+                                 FROM pgqueue.claim_keyed(lane.lane, all_tiers[k], 1, p_worker,
+                                                          p_lease, (heads[k]).id) c;
                     got := got + 1;
                 END LOOP;
                 CONTINUE;
