@@ -191,7 +191,7 @@ def test_option_ranges(db_dsn, tmp_path):
     # found by a tester: a chart path in no folder failed only after the whole replay
     missing = run("demo", "--chart", str(tmp_path / "nowhere" / "x.png"), "--dsn", db_dsn)
     assert missing.exit_code == 2
-    assert "is not a folder" in missing.output
+    assert "is not a folder" in " ".join(missing.output.replace("│", " ").split())
     assert run("sandbox", "--port", "99999").exit_code == 2
     with socket.socket() as taken:  # found by a tester: uvicorn's error, then exit 3
         taken.bind(("127.0.0.1", 0))

@@ -171,7 +171,7 @@ def test_a_stamper_that_died_mid_fold_holds_nothing_back(proto, empty_db_dsn):
     stamper.execute("SELECT sched.stamp('m', 0::smallint, 4)")  # mid-fold: not committed
     assert _claim(proto, 5, 4) == []  # the lock is taken: nothing stamped to claim, no wait
     pid = stamper.info.backend_pid
-    proto.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    proto.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))  # waits for its exit
     proto.commit()
     stamper.close()
     assert [t for t, _, _ in _claim(proto, 5, 4)] == ["a"]
