@@ -78,7 +78,7 @@ async def vacuum_loop(pool: Pool, interval: float, rng: random.Random) -> None:
 
 
 async def vacuum_hot_tables(pool: Pool, unless_done_within_seconds: float = 0.0) -> str:
-    """``VACUUM`` the scheduler's small, hot tables (DRR inbox, deficits, tier state,
+    """``VACUUM`` the scheduler's small, hot tables (lane_tiers, flows, cursors,
     counters, rate limits) unless someone did within ``unless_done_within_seconds``.
 
     Returns ``"vacuumed"``, ``"not due"``, ``"not allowed"`` (this role may not vacuum them)

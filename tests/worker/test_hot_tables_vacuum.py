@@ -16,17 +16,18 @@ from psycopg_pool import AsyncConnectionPool
 
 from pgqueue.worker import upkeep
 
-INBOX_PAGES = "SELECT pg_relation_size('pgqueue.drr_inbox') / 8192"
+INBOX_PAGES = "SELECT pg_relation_size('pgqueue.flows') / 8192"
 
 
 def _bloat_the_inbox(dsn: str) -> int:
-    """What a minute of single enqueues left behind: the inbox's dead rows, many pages."""
+    """What many folds leave behind: the flow rows' dead versions, many pages."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "INSERT INTO pgqueue.drr_inbox (tier, tenant_id)"
-            " SELECT 'standard', 't' || i FROM generate_series(1, 20000) AS i"
+            "INSERT INTO pgqueue.flows (lane, tier, tenant_id, place, last_round, last_seq,"
+            " credit, cut) SELECT 'l', 'standard', 't' || i, i, 0, 0, 0, false"
+            " FROM generate_series(1, 20000) AS i"
         )
-        conn.execute("DELETE FROM pgqueue.drr_inbox")
+        conn.execute("DELETE FROM pgqueue.flows")
         row = conn.execute(INBOX_PAGES).fetchone()
         assert row is not None
         return int(row[0])
@@ -45,9 +46,9 @@ async def _pool(dsn: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
 
 @pytest.mark.timeout(60)
 async def test_a_worker_vacuums_the_hot_tables_unless_someone_just_did(db_dsn: str) -> None:
-    """Found while profiling claims: the claim drains the DRR inbox by a full scan, and between
-    autovacuum rounds every claim read all the inbox's dead rows (120 pages after one minute
-    of single enqueues at ~560 per second)."""
+    """Found while profiling claims (scheduler v1): between autovacuum rounds every claim read
+    all the dead rows of the scheduler's small tables (120 pages after one minute of single
+    enqueues at ~560 per second)."""
     before = _bloat_the_inbox(db_dsn)
     assert before > 50
     async for pool in _pool(db_dsn):

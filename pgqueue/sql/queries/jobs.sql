@@ -1,11 +1,11 @@
 -- The claim path and every guarded state transition of a job.
 
 -- name: job_claim :many
--- Tier pick (pgqueue.tier_policy) then per-tenant Deficit Round Robin within the tier, decided
--- under a short advisory lock so that every worker shares one fair schedule; the deficits are
--- charged in this transaction. Only due, queued jobs, and only those the provider's limits
--- let through now (pgqueue.claim_admitted): when the limiter stops the batch, a last row with
--- a NULL id carries blocked_seconds. See docs/drr.md. `to_batch`: the job goes to the batches
+-- Scheduler v2 (docs/drr.md): per lane (rate-limit pool: the model, else the kind), the tier
+-- by the policy, then the DRR key order, FOR UPDATE SKIP LOCKED, with no lock shared across
+-- workers. Only due, queued jobs, and only those the provider's limits let through now
+-- (pgqueue.claim_admitted): a lane in cooldown or out of tokens holds back no other; when one
+-- stopped the claim short, a last row with a NULL id carries blocked_seconds. `to_batch`: the job goes to the batches
 -- lane (pgqueue.batches.lane parks it) instead of running here.
 SELECT (c.job).id, (c.job).tenant_id, (c.job).kind, (c.job).priority, (c.job).payload,
        (c.job).cost, (c.job).attempts, (c.job).max_attempts, (c.job).throttle_retries,
@@ -17,7 +17,7 @@ FROM pgqueue.claim_admitted(%(limit)s, %(worker_id)s, %(lease_seconds)s) AS c
 
 -- name: job_claim_durable :execrows
 -- Makes the claims this worker received durable before their handlers start. The claim commits
--- without waiting for its WAL flush (pgqueue.claim_admitted: the scheduler's lock is released
+-- without waiting for its WAL flush (pgqueue.claim_admitted: its row locks are released
 -- sooner), so a crash of Postgres could lose a claim already handed out, and its jobs ran again
 -- with their attempt not counted (found by a fault run: 4 jobs ran twice, attempts 1). This
 -- statement rewrites one claimed row as it is (fenced by its lease) and commits with
