@@ -231,12 +231,16 @@ def records_by_pid(record_base: Path) -> dict[int, list[int]]:
 
 
 def dispatch_turns(dsn: str) -> list[tuple[str, int]]:
-    """The dispatch order (``started_at``) as runs of one tenant: ``[(tenant, length), ...]``.
-    With backlogged tenants of equal weight and jobs of cost 1, one DRR schedule gives runs of
-    exactly one quantum, the tenants in one cyclic order."""
+    """The dispatch order as runs of one tenant: ``[(tenant, length), ...]``. The order is the
+    jobs' DRR keys (scheduler v2 keeps them on claimed jobs; claims side by side take them in
+    key order, their started_at may interleave). With backlogged tenants of equal weight and
+    jobs of cost 1 in one lane and tier, one DRR schedule gives runs of exactly one quantum,
+    the tenants in one cyclic order."""
     turns: list[tuple[str, int]] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
-        order = conn.execute("SELECT tenant_id FROM pgqueue.jobs ORDER BY started_at, id")
+        order = conn.execute(
+            "SELECT tenant_id FROM pgqueue.jobs ORDER BY key_round, key_place, key_seq, id"
+        )
         for (tenant,) in order:
             if turns and turns[-1][0] == tenant:
                 turns[-1] = (tenant, turns[-1][1] + 1)
