@@ -80,3 +80,24 @@ def test_a_model_in_cooldown_does_not_stop_the_jobs_of_other_models_and_kinds(db
         rows = _claim(c, 5)
         assert _jobs(rows) == [("C", None)]
         assert len(_blocked(rows)) == 1 and 110 < _blocked(rows)[0] <= 120
+
+
+def test_a_model_held_to_6_rpm_costs_another_model_nothing(db_dsn):
+    """One model's requests bucket nearly spent (6 a minute, 1 left): the claim takes that
+    one, then every job of the other model, and says when the first has room again."""
+    with psycopg.connect(db_dsn) as c:
+        c.execute(
+            "INSERT INTO pgqueue.rate_limits (model, requests_per_minute, input_tokens_per_minute,"
+            " output_tokens_per_minute, requests_available, input_tokens_available,"
+            " output_tokens_available) VALUES ('slow', 6, 40000, 8000, 1, 40000, 8000)"
+        )
+        specs = []
+        for i in range(5):
+            specs += [JobSpec(f"s{i}", "user_action", _payload("slow"))]
+            specs += [JobSpec(f"f{i}", "user_action", _payload("fast"))]
+        pgqueue.enqueue_many(c, specs)
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        rows = _claim(c, 10)
+        models = [model for _, model in _jobs(rows)]
+        assert models.count("slow") == 1 and models.count("fast") == 5
+        assert len(_blocked(rows)) == 1 and 0 < _blocked(rows)[0] <= 10

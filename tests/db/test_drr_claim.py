@@ -527,3 +527,16 @@ def test_costs_and_quanta_stay_where_rounds_can_be_counted(conn, statement, cons
     with pytest.raises(psycopg.errors.CheckViolation, match=constraint):
         conn.execute(statement)
     conn.rollback()
+
+
+def test_a_stamper_that_died_mid_fold_holds_nothing_back(conn, db_dsn):
+    """Liveness: a stamper killed inside its fold (lock held, nothing committed) makes the
+    claims beside it come back empty without waiting; the next claim stamps and takes."""
+    add_jobs(conn, [(C, "a", 1.0)])
+    stamper = psycopg.connect(db_dsn)
+    stamper.execute("SELECT pgqueue.fold('anthropic.messages', 'critical')")  # not committed
+    assert claim(conn, 5) == []  # the lock is taken: nothing stamped to claim, no wait
+    conn.execute("SELECT pg_terminate_backend(%s)", (stamper.info.backend_pid,))
+    conn.commit()
+    stamper.close()
+    assert [d.tenant_id for d in claim(conn, 5)] == ["a"]
