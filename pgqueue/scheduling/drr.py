@@ -2,7 +2,8 @@
 
 :class:`DrrScheduler` is DRR (M. Shreedhar and G. Varghese, "Efficient Fair Queuing using
 Deficit Round Robin", ACM SIGCOMM 1995) dispensing one job per call, the way a claim takes one
-job. The SQL claim is tested against it. Also here: the cost model (:func:`job_cost`,
+job. The keyed reference of the SQL claim (:mod:`pgqueue.scheduling.keys`) is tested against
+it: its keys give this order exactly. Also here: the cost model (:func:`job_cost`,
 :func:`estimate_input_tokens`), plan quanta (:func:`quantum_for_plan`), the stable refill-order
 offset (:func:`stable_offset`) and Jain's fairness index (:func:`jain_index`).
 Pure: no I/O, no clock, no randomness.
@@ -305,8 +306,8 @@ class DrrScheduler:
         )
 
     def preview(self, limit: int) -> list[tuple[str, int, float]]:
-        """The next ``limit`` dispatches if nothing else were enqueued (what
-        ``pgqueue.claim_order`` shows), without changing this scheduler.
+        """The next ``limit`` dispatches if nothing else were enqueued, without changing
+        this scheduler.
 
         Raises ``ValueError`` if ``limit`` is negative.
         """

@@ -984,10 +984,13 @@ CREATE VIEW pgqueue.claim_order AS
 SELECT j.lane, j.priority AS tier, j.tenant_id, j.id AS job_id, j.cost,
        j.key_round - coalesce(c.key_round, 0) AS round, j.key_place AS place, j.key_seq AS seq
 FROM pgqueue.jobs j
+LEFT JOIN pgqueue.lane_tiers l ON l.lane = j.lane AND l.tier = j.priority
 LEFT JOIN LATERAL (SELECT x.key_round FROM pgqueue.cursors x
                    WHERE x.lane = j.lane AND x.tier = j.priority
                    ORDER BY x.key_round DESC LIMIT 1) c ON true
 WHERE j.state = 'queued' AND j.key_round IS NOT NULL
+  AND (l.frontier_round IS NULL OR (j.key_round, j.key_place, j.key_seq)
+                                   <= (l.frontier_round, l.frontier_place, l.frontier_seq))
 ORDER BY j.priority, j.lane, j.key_round, j.key_place, j.key_seq;
 """
 
