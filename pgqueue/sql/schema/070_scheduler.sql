@@ -1,6 +1,6 @@
 -- The scheduler (docs/drr.md): Deficit Round Robin's order as sort keys on the jobs, one DRR
 -- per lane (rate-limit pool: the model of a Messages API job, else the kind) and tier. Its
--- pure reference is pgqueue.scheduling.keys.KeyedDrr (tests/db/test_scheduler.py compares).
+-- pure reference is pgqueue.scheduling.keys.KeyedDrr (tests/db/test_drr_claim.py compares).
 --
 -- A job's key is (key_round, key_place, key_seq): a tenant backlogged since it joined in round
 -- R with credit 0 serves the job of cumulative cost S in round R - 1 + ceil(S / quantum);
