@@ -189,7 +189,7 @@ $$;
 
 -- Stamp a lane and tier if nobody else is stamping it: a try-lock, so a claimer never waits
 -- for a fold (it claims the jobs stamped already). Horizon: GUC
--- pgqueue.stamp_horizon_rounds, default 1. Returns the number of jobs stamped.
+-- pgqueue.stamp_horizon_rounds, default 4. Returns the number of jobs stamped.
 CREATE OR REPLACE FUNCTION pgqueue.fold(p_lane text, p_tier pgqueue.tier)
 RETURNS bigint
 LANGUAGE sql
@@ -197,7 +197,7 @@ AS $$
     SELECT CASE WHEN pg_try_advisory_xact_lock(hashtextextended(p_lane,
                                      array_position(enum_range(NULL::pgqueue.tier), p_tier)))
                 THEN pgqueue.stamp(p_lane, p_tier,
-                                   pgqueue.setting('stamp_horizon_rounds', 1)::integer)
+                                   pgqueue.setting('stamp_horizon_rounds', 4)::integer)
                 ELSE 0 END
 $$;
 
