@@ -988,10 +988,12 @@ LEFT JOIN pgqueue.lane_tiers l ON l.lane = j.lane AND l.tier = j.priority
 LEFT JOIN LATERAL (SELECT x.key_round FROM pgqueue.cursors x
                    WHERE x.lane = j.lane AND x.tier = j.priority
                    ORDER BY x.key_round DESC LIMIT 1) c ON true
-WHERE j.state = 'queued' AND j.key_round IS NOT NULL
-  AND (l.frontier_round IS NULL OR (j.key_round, j.key_place, j.key_seq)
-                                   <= (l.frontier_round, l.frontier_place, l.frontier_seq))
-ORDER BY j.priority, j.lane, j.key_round, j.key_place, j.key_seq;
+WHERE j.state = 'queued'
+  AND CASE WHEN j.key_round IS NULL THEN j.run_at <= now()
+           ELSE l.frontier_round IS NULL OR (j.key_round, j.key_place, j.key_seq)
+                                            <= (l.frontier_round, l.frontier_place, l.frontier_seq)
+      END
+ORDER BY j.priority, j.lane, j.key_round NULLS LAST, j.key_place, j.key_seq, j.run_at, j.id;
 """
 
 DROP_V2 = """\
