@@ -106,7 +106,7 @@ DROP TRIGGER IF EXISTS jobs_unstamp ON pgqueue.jobs;
 
 -- The scheduler (docs/drr.md): Deficit Round Robin's order as sort keys on the jobs, one DRR
 -- per lane (rate-limit pool: the model of a Messages API job, else the kind) and tier. Its
--- pure reference is pgqueue.scheduling.keys.KeyedDrr (tests/db/test_scheduler.py compares).
+-- pure reference is pgqueue.scheduling.keys.KeyedDrr (tests/db/test_drr_claim.py compares).
 --
 -- A job's key is (key_round, key_place, key_seq): a tenant backlogged since it joined in round
 -- R with credit 0 serves the job of cumulative cost S in round R - 1 + ceil(S / quantum);
@@ -295,7 +295,7 @@ $$;
 
 -- Stamp a lane and tier if nobody else is stamping it: a try-lock, so a claimer never waits
 -- for a fold (it claims the jobs stamped already). Horizon: GUC
--- pgqueue.stamp_horizon_rounds, default 1. Returns the number of jobs stamped.
+-- pgqueue.stamp_horizon_rounds, default 4. Returns the number of jobs stamped.
 CREATE OR REPLACE FUNCTION pgqueue.fold(p_lane text, p_tier pgqueue.tier)
 RETURNS bigint
 LANGUAGE sql
@@ -303,7 +303,7 @@ AS $$
     SELECT CASE WHEN pg_try_advisory_xact_lock(hashtextextended(p_lane,
                                      array_position(enum_range(NULL::pgqueue.tier), p_tier)))
                 THEN pgqueue.stamp(p_lane, p_tier,
-                                   pgqueue.setting('stamp_horizon_rounds', 1)::integer)
+                                   pgqueue.setting('stamp_horizon_rounds', 4)::integer)
                 ELSE 0 END
 $$;
 
@@ -921,11 +921,16 @@ CREATE VIEW pgqueue.claim_order AS
 SELECT j.lane, j.priority AS tier, j.tenant_id, j.id AS job_id, j.cost,
        j.key_round - coalesce(c.key_round, 0) AS round, j.key_place AS place, j.key_seq AS seq
 FROM pgqueue.jobs j
+LEFT JOIN pgqueue.lane_tiers l ON l.lane = j.lane AND l.tier = j.priority
 LEFT JOIN LATERAL (SELECT x.key_round FROM pgqueue.cursors x
                    WHERE x.lane = j.lane AND x.tier = j.priority
                    ORDER BY x.key_round DESC LIMIT 1) c ON true
-WHERE j.state = 'queued' AND j.key_round IS NOT NULL
-ORDER BY j.priority, j.lane, j.key_round, j.key_place, j.key_seq;
+WHERE j.state = 'queued'
+  AND CASE WHEN j.key_round IS NULL THEN j.run_at <= now()
+           ELSE l.frontier_round IS NULL OR (j.key_round, j.key_place, j.key_seq)
+                                            <= (l.frontier_round, l.frontier_place, l.frontier_seq)
+      END
+ORDER BY j.priority, j.lane, j.key_round NULLS LAST, j.key_place, j.key_seq, j.run_at, j.id;
 """
 
 DROP_V2 = """\

@@ -1,6 +1,6 @@
 -- The scheduler (docs/drr.md): Deficit Round Robin's order as sort keys on the jobs, one DRR
 -- per lane (rate-limit pool: the model of a Messages API job, else the kind) and tier. Its
--- pure reference is pgqueue.scheduling.keys.KeyedDrr (tests/db/test_scheduler.py compares).
+-- pure reference is pgqueue.scheduling.keys.KeyedDrr (tests/db/test_drr_claim.py compares).
 --
 -- A job's key is (key_round, key_place, key_seq): a tenant backlogged since it joined in round
 -- R with credit 0 serves the job of cumulative cost S in round R - 1 + ceil(S / quantum);
@@ -189,7 +189,7 @@ $$;
 
 -- Stamp a lane and tier if nobody else is stamping it: a try-lock, so a claimer never waits
 -- for a fold (it claims the jobs stamped already). Horizon: GUC
--- pgqueue.stamp_horizon_rounds, default 1. Returns the number of jobs stamped.
+-- pgqueue.stamp_horizon_rounds, default 4. Returns the number of jobs stamped.
 CREATE OR REPLACE FUNCTION pgqueue.fold(p_lane text, p_tier pgqueue.tier)
 RETURNS bigint
 LANGUAGE sql
@@ -197,7 +197,7 @@ AS $$
     SELECT CASE WHEN pg_try_advisory_xact_lock(hashtextextended(p_lane,
                                      array_position(enum_range(NULL::pgqueue.tier), p_tier)))
                 THEN pgqueue.stamp(p_lane, p_tier,
-                                   pgqueue.setting('stamp_horizon_rounds', 1)::integer)
+                                   pgqueue.setting('stamp_horizon_rounds', 4)::integer)
                 ELSE 0 END
 $$;
 

@@ -24,19 +24,26 @@ LEFT JOIN (
 ) q ON q.priority = t.tier
 ORDER BY t.tier;
 
--- The fair order (070_scheduler.sql): the stamped queued jobs per lane and tier in key order,
--- highest tier first; round 0 is the cursor's (the round of the last job claimed). A new job
--- shows once a claim has stamped it. Within a lane and tier the claims take them in this
--- order; across lanes and tiers, see pgqueue.claim_lanes.
+-- The fair order (070_scheduler.sql): per lane and tier, highest tier first, the stamped
+-- queued jobs in key order up to the frontier (past it, a later fold may stamp jobs with
+-- smaller keys), then the due jobs no claim has stamped yet (round, place and seq NULL: the
+-- next fold places them). Round 0 is the cursor's (the round of the last job claimed). Within
+-- a lane and tier the claims take the stamped ones in this order; across lanes and tiers, see
+-- pgqueue.claim_lanes.
 CREATE VIEW pgqueue.claim_order AS
 SELECT j.lane, j.priority AS tier, j.tenant_id, j.id AS job_id, j.cost,
        j.key_round - coalesce(c.key_round, 0) AS round, j.key_place AS place, j.key_seq AS seq
 FROM pgqueue.jobs j
+LEFT JOIN pgqueue.lane_tiers l ON l.lane = j.lane AND l.tier = j.priority
 LEFT JOIN LATERAL (SELECT x.key_round FROM pgqueue.cursors x
                    WHERE x.lane = j.lane AND x.tier = j.priority
                    ORDER BY x.key_round DESC LIMIT 1) c ON true
-WHERE j.state = 'queued' AND j.key_round IS NOT NULL
-ORDER BY j.priority, j.lane, j.key_round, j.key_place, j.key_seq;
+WHERE j.state = 'queued'
+  AND CASE WHEN j.key_round IS NULL THEN j.run_at <= now()
+           ELSE l.frontier_round IS NULL OR (j.key_round, j.key_place, j.key_seq)
+                                            <= (l.frontier_round, l.frontier_place, l.frontier_seq)
+      END
+ORDER BY j.priority, j.lane, j.key_round NULLS LAST, j.key_place, j.key_seq, j.run_at, j.id;
 
 -- Per tenant and tier, over the last `service_window`: jobs and cost units served (claimed),
 -- queued now, the tenant's quantum (its DRR weight), and whether it was backlogged in the
