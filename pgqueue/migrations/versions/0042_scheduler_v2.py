@@ -441,22 +441,9 @@ AS $$
             ORDER BY j.lane, j.priority LIMIT 1) n
     )
     SELECT s.lane, s.tier FROM s
-    LEFT JOIN pgqueue.lane_tiers l ON l.lane = s.lane AND l.tier = s.tier
-    LEFT JOIN LATERAL (SELECT x.key_round, x.key_place, x.key_seq FROM pgqueue.jobs x
-                       WHERE x.lane = s.lane AND x.priority = s.tier AND x.state = 'queued'
-                         AND x.key_round IS NOT NULL
-                       ORDER BY x.key_round, x.key_place, x.key_seq LIMIT 1) h ON true
-    CROSS JOIN LATERAL (SELECT FROM pgqueue.jobs j
-                        WHERE j.lane = s.lane AND j.priority = s.tier AND j.state = 'queued'
-                          AND j.key_round IS NULL AND j.run_at <= now()
-                          AND j.run_at >= CASE
-                              WHEN l.full_at >= now() - interval '1 second'
-                                   AND (h.key_round, h.key_place, h.key_seq)
-                                       <= (coalesce(l.frontier_round, h.key_round),
-                                           coalesce(l.frontier_place, h.key_place),
-                                           coalesce(l.frontier_seq, h.key_seq))
-                              THEN l.folded_at ELSE '-infinity'::timestamptz END
-                        LIMIT 1) due
+    WHERE EXISTS (SELECT FROM pgqueue.jobs j
+                  WHERE j.lane = s.lane AND j.priority = s.tier AND j.state = 'queued'
+                    AND j.key_round IS NULL AND j.run_at <= now())
 $$;
 
 -- The lanes and tiers with stamped jobs, and the head job of each in key order.

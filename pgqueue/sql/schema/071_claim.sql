@@ -29,12 +29,7 @@ AS $$
                            CASE p_tier WHEN 'critical' THEN 70 WHEN 'standard' THEN 25 ELSE 5 END)
 $$;
 
--- The lanes and tiers to fold: those with unstamped due jobs (a skip scan: one probe per pair)
--- that arrived since the pair's last fold, or any when no stamped job is left within its
--- frontier (claims reached it), it has
--- no fold yet, or its once-a-second look at every tenant is due (pgqueue.stamp). A pair whose
--- claims reach its frontier is folded again by claim_lanes. Folding only then, not on every
--- claim, halved a claim's cost.
+-- The lanes and tiers with unstamped due jobs (skip scans: one probe per pair).
 CREATE OR REPLACE FUNCTION pgqueue.lane_tiers_unstamped()
 RETURNS TABLE(lane text, tier pgqueue.tier)
 LANGUAGE sql STABLE
@@ -50,22 +45,9 @@ AS $$
             ORDER BY j.lane, j.priority LIMIT 1) n
     )
     SELECT s.lane, s.tier FROM s
-    LEFT JOIN pgqueue.lane_tiers l ON l.lane = s.lane AND l.tier = s.tier
-    LEFT JOIN LATERAL (SELECT x.key_round, x.key_place, x.key_seq FROM pgqueue.jobs x
-                       WHERE x.lane = s.lane AND x.priority = s.tier AND x.state = 'queued'
-                         AND x.key_round IS NOT NULL
-                       ORDER BY x.key_round, x.key_place, x.key_seq LIMIT 1) h ON true
-    CROSS JOIN LATERAL (SELECT FROM pgqueue.jobs j
-                        WHERE j.lane = s.lane AND j.priority = s.tier AND j.state = 'queued'
-                          AND j.key_round IS NULL AND j.run_at <= now()
-                          AND j.run_at >= CASE
-                              WHEN l.full_at >= now() - interval '1 second'
-                                   AND (h.key_round, h.key_place, h.key_seq)
-                                       <= (coalesce(l.frontier_round, h.key_round),
-                                           coalesce(l.frontier_place, h.key_place),
-                                           coalesce(l.frontier_seq, h.key_seq))
-                              THEN l.folded_at ELSE '-infinity'::timestamptz END
-                        LIMIT 1) due
+    WHERE EXISTS (SELECT FROM pgqueue.jobs j
+                  WHERE j.lane = s.lane AND j.priority = s.tier AND j.state = 'queued'
+                    AND j.key_round IS NULL AND j.run_at <= now())
 $$;
 
 -- The lanes and tiers with stamped jobs, and the head job of each in key order.
