@@ -57,6 +57,13 @@ def _kept_headers(headers: Any) -> dict[str, str]:
     return {k.lower(): v for k, v in headers.items() if k.lower().startswith(_KEPT_HEADER_PREFIXES)}
 
 
+#: Keyword arguments of the SDK's ``create`` that are not Messages API parameters. A payload
+#: holding one is refused: ``extra_headers`` could replace the worker's API key (whose 429s
+#: then close the model to every tenant) and ``extra_body`` could send another model or
+#: prompt than the one the queue charged and admitted (found by a hostile-tenant test).
+SDK_REQUEST_OPTIONS = frozenset({"extra_headers", "extra_query", "extra_body", "timeout"})
+
+
 class AnthropicMessagesHandler:
     """Calls ``POST /v1/messages`` for a job; one SDK client per worker process.
 
@@ -115,6 +122,12 @@ class AnthropicMessagesHandler:
 
         if job.payload.get("stream"):
             raise Discard("streaming payloads are not supported by the queue handler")
+        options = sorted(SDK_REQUEST_OPTIONS.intersection(job.payload))
+        if options:
+            raise Discard(
+                f"payload key(s) {', '.join(options)} are the SDK's request options, not "
+                "Messages API parameters: the queue does not send them"
+            )
         client = self._get_client()
         try:
             raw = await client.messages.with_raw_response.create(**job.payload)

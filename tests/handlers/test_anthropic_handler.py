@@ -144,6 +144,28 @@ async def test_bad_parameters_are_discarded():
             await handler.aclose()
 
 
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"extra_headers": {"x-api-key": "a-tenant-key"}},
+        {"extra_body": {"model": "claude-opus-4-1", "max_tokens": 32000}},
+        {"extra_query": {"beta": "true"}},
+        {"timeout": 600},
+    ],
+)
+async def test_sdk_request_options_in_a_payload_are_refused_unsent(option):
+    """Found by a hostile-tenant test: a payload's ``extra_headers`` replaced the worker's API
+    key, and ``extra_body`` sent opus while the queue charged a 10-token haiku job. Such a job
+    is discarded before anything is sent (the provider here is a closed port: a send would
+    be a connection error, retried later, not a discard)."""
+    handler = AnthropicMessagesHandler(settings_for("http://127.0.0.1:9"))
+    try:
+        with pytest.raises(Discard, match="request options"):
+            await handler(make_job({**PAYLOAD, **option}))
+    finally:
+        await handler.aclose()
+
+
 async def test_missing_key_defers_without_using_an_attempt(monkeypatch):
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     settings = Settings(anthropic_base_url="http://127.0.0.1:9")
