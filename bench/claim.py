@@ -1,7 +1,7 @@
 """Fair (DRR) claim versus a plain ``ORDER BY id FOR UPDATE SKIP LOCKED`` claim, same database.
 
 For each queue depth × active tenants it builds one database of no-op jobs (one
-``INSERT … SELECT generate_series``; the enqueue triggers fill the DRR inbox), then for each
+``INSERT … SELECT generate_series``; the first claims stamp their DRR keys), then for each
 number of processes measures claim+complete throughput (jobs/s) of both claims, ``--repeats``
 times interleaved (fair, plain, fair, plain, …), restoring the queue depth between runs, and
 reports medians; plus the median latency of one claim of 1 job and of ``--batch`` jobs. Both

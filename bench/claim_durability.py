@@ -1,7 +1,8 @@
 """What a durable claim costs (issue 32, defect 8). Not part of pytest.
 
 The claim (``job_claim`` = ``pgqueue.claim_admitted``) commits with ``synchronous_commit = off``,
-so that the scheduler's lock is released without waiting for the WAL flush. A crash of Postgres
+so that its locks (scheduler v1: the scheduler's lock; v2: its rows, a rate-limited model's
+bucket among them) are released without waiting for the WAL flush. A crash of Postgres
 could then lose a claim whose handlers already ran: the jobs ran again with their attempt not
 counted. Three ways to drain the same queue, ``--procs`` processes each claiming up to
 ``--batch`` jobs and completing them (``job_complete_many``), as ``pgqueue work`` does:
@@ -10,9 +11,9 @@ counted. Three ways to drain the same queue, ``--procs`` processes each claiming
 - ``durable`` (what the worker does now): after each claim that took jobs, the named query
   ``job_claim_durable`` (one claimed row rewritten as it is, committed with
   ``synchronous_commit = on``: a commit that waits for the WAL flush past the claim's commit
-  record, outside the scheduler's lock);
+  record, after the claim's locks are gone);
 - ``sync``: the claim itself committed with ``synchronous_commit = on`` (``SET LOCAL`` after
-  the claim, in its transaction), so the flush happens under the scheduler's lock.
+  the claim, in its transaction), so the flush happens under the claim's locks.
 
 Each repeat clones one template database per variant and runs the variants in a rotating
 order. Reports jobs per second (median of the repeats) and the ratio to ``async``.

@@ -21,10 +21,10 @@ How it measures, for each system and drain:
   ``pg_stat_database`` lags by up to a second).
 
 ``pgqueue-floor`` is pgqueue with the scheduler's decisions taken out
-(``bench/claim_floor.sql`` replaces ``pgqueue.drr_dispatch`` in that system's scratch
-databases only): the same worker, lock, rate limiter, jobs table, triggers, counters and
-completion, the oldest due jobs taken as a plain queue takes them. Its drain prices everything
-but DRR and the tier pick.
+(``bench/claim_floor.sql`` replaces ``pgqueue.claim_lanes`` in that system's scratch databases
+only): the same worker, claim entry points, jobs table, triggers, counters and completion, the
+oldest due jobs taken as a plain queue takes them. Its drain prices everything but the
+scheduler (lanes, stamping, keys, the tier pick).
 
 Systems alternate (the order reversed every other repeat). Linux only.
 
@@ -48,10 +48,9 @@ from pgqueue.bench import measure
 from pgqueue.bench.common import BenchOptions, Scratch
 
 _TICKS = os.sysconf("SC_CLK_TCK")
-# pgqueue with pgqueue.drr_dispatch replaced, in that system's scratch databases only
+# pgqueue with pgqueue.claim_lanes replaced, in that system's scratch databases only
 _VARIANTS = {
     "pgqueue-floor": Path(__file__).with_name("claim_floor.sql"),
-    "pgqueue-one-statement": Path(__file__).with_name("claim_one_statement.sql"),
 }
 _STARTUP_JOBS = 20
 

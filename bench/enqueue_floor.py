@@ -8,11 +8,11 @@ autocommit on the same scratch database, the benchmark's jobs (payload, tenants 
 
 - ``pgqueue``: ``pgqueue.enqueue`` / ``enqueue_many`` (Python validation, then
   ``pgqueue.try_enqueue`` / ``try_enqueue_batch``: validation again, the demotion, admission and
-  tenant lookups, the job rows, their DRR inbox rows and queued counters, NOTIFY);
+  tenant lookups, the job rows and their queued counters, NOTIFY);
 - ``insert-triggers``: a bare ``INSERT`` of the same rows into ``pgqueue.jobs`` (its insert
-  trigger keeps the books: inbox, counters, tenant check, NOTIFY);
+  trigger keeps the books: counters, tenant check, NOTIFY);
 - ``insert-row``: the same ``INSERT`` with triggers off (``session_replication_role =
-  replica``): the rows, their three index entries and the CHECK constraints only;
+  replica``): the rows, their index entries and the CHECK constraints only;
 - ``plain``: the ``bench_plain.jobs`` insert of ``pgqueue bench`` (a six-column table);
 - ``pgqueuer``: ``Queries.enqueue`` (asyncpg when installed).
 

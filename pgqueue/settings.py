@@ -79,8 +79,8 @@ class Settings(BaseSettings):
         default=10.0,
         gt=0,
         description=(
-            "How often one worker vacuums the scheduler's small, hot tables (DRR inbox, "
-            "deficits, counters); None: leave them to autovacuum."
+            "How often one worker vacuums the scheduler's small, hot tables (lane_tiers, "
+            "flows, cursors, counters, rate limits); None: leave them to autovacuum."
         ),
     )
     prepare_threshold: int | None = Field(

@@ -237,7 +237,12 @@ def consume_once(dsn: str, system: str, procs: int, options: BenchOptions) -> di
     with tempfile.TemporaryFile() as log:
         workers = [_spawn(cmd, log) for _ in range(procs)]
         try:
-            _wait_ready(dsn, ready_app, procs, workers)
+            try:
+                _wait_ready(dsn, ready_app, procs, workers)
+            except RuntimeError as exc:  # say why (found: a worker's error was not shown)
+                log.seek(0)
+                said = log.read().decode(errors="replace")[-2000:]
+                raise RuntimeError(f"{exc}: {said}") from None
             if system == "pgqueuer":
                 t0 = asyncio.run(_fill_pgqueuer_async(dsn, n, options.batch))
             else:

@@ -164,10 +164,11 @@ def tenants(
 
 
 def schedule(conn: psycopg.Connection[Any], *, rows: int = SCHEDULE_ROWS) -> dict[str, Any]:
-    """The next ``rows`` claims as ``pgqueue.claim_order`` previews them (nothing is claimed):
-    ``columns`` (the view's, in order) and ``rows``."""
-    with conn.transaction():
-        queries.run(conn, "dashboard_claim_order_rows", {"rows": rows})
-        found = [_plain(r) for r in queries.run(conn, "dashboard_claim_order", {"limit": rows})]
+    """The first ``rows`` rows of ``pgqueue.claim_order``: per tier and lane, the stamped jobs
+    in the order their claims take them. ``columns`` (the view's, in order), ``rows``, and
+    ``unstamped``: the lanes and tiers (``{"lane", "tier"}``) whose due jobs have no key yet,
+    which the next claim stamps. Read-only: nothing is stamped or claimed here."""
+    found = [_plain(r) for r in queries.run(conn, "dashboard_claim_order", {"limit": rows})]
+    unstamped = [_plain(r) for r in queries.run(conn, "dashboard_unstamped")]
     columns = list(found[0]) if found else []
-    return {"columns": columns, "rows": found}
+    return {"columns": columns, "rows": found, "unstamped": unstamped}

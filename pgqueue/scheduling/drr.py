@@ -2,7 +2,9 @@
 
 :class:`DrrScheduler` is DRR (M. Shreedhar and G. Varghese, "Efficient Fair Queuing using
 Deficit Round Robin", ACM SIGCOMM 1995) dispensing one job per call, the way a claim takes one
-job. The SQL claim is tested against it. Also here: the cost model (:func:`job_cost`,
+job. It is the oracle of the order: the SQL scheduler (``070_scheduler.sql``) stores DRR's
+order as keys on the jobs, whose pure reference :class:`~pgqueue.scheduling.keys.KeyedDrr` is
+tested to dispatch exactly as this class does. Also here: the cost model (:func:`job_cost`,
 :func:`estimate_input_tokens`), plan quanta (:func:`quantum_for_plan`), the stable refill-order
 offset (:func:`stable_offset`) and Jain's fairness index (:func:`jain_index`).
 Pure: no I/O, no clock, no randomness.
@@ -207,9 +209,9 @@ class DrrScheduler:
     ``offset_of`` defaults to :func:`stable_offset` (a stable hash). After a burst of new
     tenants, their first refills are spread across the round in an order unrelated to who
     enqueued first or to how ids sort, and the order is the same in every process and in SQL
-    (a claim sees the newcomers as a set, not a sequence). Refills are not a time event here:
-    a tenant is credited exactly when its turn comes, and a claim happens only when the
-    provider's limiter has room, so refills cannot produce a microburst.
+    (a fold, ``pgqueue.stamp``, sees the newcomers as a set, not a sequence). Refills are not
+    a time event here: a tenant is credited exactly when its turn comes, and a claim happens
+    only when the provider's limiter has room, so refills cannot produce a microburst.
 
     Bounds (tested): two backlogged tenants with equal quanta never differ in served cost by
     more than ``quantum + max job cost`` at any prefix of the dispatch sequence; a new tenant
@@ -306,7 +308,7 @@ class DrrScheduler:
 
     def preview(self, limit: int) -> list[tuple[str, int, float]]:
         """The next ``limit`` dispatches if nothing else were enqueued (what
-        ``pgqueue.claim_order`` shows), without changing this scheduler.
+        ``pgqueue.claim_order`` shows for one lane and tier), without changing this scheduler.
 
         Raises ``ValueError`` if ``limit`` is negative.
         """

@@ -3,8 +3,12 @@
 :func:`classify` is the one place the tier rule lives in Python (the SQL ``enqueue`` mirrors it
 and is tested against it). The tier-pick policies choose among the tiers that have eligible work
 *now*; all of them are work-conserving: they return ``None`` only when nothing is eligible.
+They drive ``pgqueue simulate``; the SQL claim (``pgqueue.claim_lanes``, 071_claim.sql) applies
+the same three policies to the slots of each lane, with no shared row: ``weighted`` there is a
+random draw by weight per slot (the same shares in expectation). How the tiers of a
+rate-limited lane share its tokens is :mod:`~pgqueue.scheduling.capacity` (docs/drr.md).
 Pure: no I/O; randomness comes from an injected ``random.Random``; policy state is a plain
-``dict[str, float]`` so the real scheduler can keep it in a Postgres row.
+``dict[str, float]``, which a caller can save and restore.
 """
 
 from __future__ import annotations
@@ -82,8 +86,8 @@ class TierPolicy(Protocol):
 
     Contract: ``pick`` returns a member of ``eligible``, and ``None`` only when ``eligible`` is
     empty (work-conserving). ``state()`` exports whatever the policy remembers between picks as
-    a plain ``{name: float}`` dict, and ``load_state()`` restores it, so the state can live in a
-    Postgres row shared by every worker.
+    a plain ``{name: float}`` dict, and ``load_state()`` restores it, so a caller can save the
+    state and go on from it later.
     """
 
     name: str
@@ -194,7 +198,7 @@ class ProbabilisticPolicy:
     taken after all (the article's version could return nothing here while work waited).
 
     Stateless apart from ``rng``: ``state()`` is ``{}`` and ``load_state`` ignores its argument,
-    so a state row written by another policy does not break a switch of policy.
+    so a state saved by another policy does not break a switch of policy.
 
     Raises ``ValueError`` if ``p_critical`` is outside ``[0, 1]`` or a weight is missing, extra
     (critical), non-finite or non-positive.

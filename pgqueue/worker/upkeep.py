@@ -43,8 +43,9 @@ async def prune(pool: Pool, older_than_seconds: float) -> None:
 
 async def compact_loop(pool: Pool, interval: float, rng: random.Random) -> None:
     """Fold the queued counters' delta rows (admission control) every ``interval`` seconds:
-    first the claims' own rows become ordinary rows (a short statement under the scheduler's
-    lock, in a transaction of its own), then every unheld row is folded into one per key."""
+    first any claim rows left by scheduler v1's claims become ordinary rows (a short
+    statement, in a transaction of its own), then every unheld row is folded into one per
+    key."""
 
     async def step() -> bool:
         try:
@@ -77,12 +78,13 @@ async def vacuum_loop(pool: Pool, interval: float, rng: random.Random) -> None:
 
 
 async def vacuum_hot_tables(pool: Pool, unless_done_within_seconds: float = 0.0) -> str:
-    """``VACUUM`` the scheduler's small, hot tables (DRR inbox, deficits, tier state,
-    counters, rate limits) unless someone did within ``unless_done_within_seconds``.
+    """``VACUUM`` the scheduler's small, hot tables (``lane_tiers``, ``flows``, ``cursors``),
+    the counters and the rate limits, unless someone did within ``unless_done_within_seconds``.
 
     Returns ``"vacuumed"``, ``"not due"``, ``"not allowed"`` (this role may not vacuum them)
-    or ``"failed"`` (a database error, logged; the next round tries again). Every claim reads
-    these tables whole or by index, and their dead rows would otherwise accumulate for up to
+    or ``"failed"`` (a database error, logged; the next round tries again). Every claim moves
+    its cursor row and every fold rewrites its lane's rows; the stamper and the claims read
+    them by index, and their dead rows would otherwise accumulate for up to
     ``autovacuum_naptime`` (see ``sql/queries/maintenance.sql``).
     """
     try:

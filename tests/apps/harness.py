@@ -230,14 +230,25 @@ def records_by_pid(record_base: Path) -> dict[int, list[int]]:
     return ran_by
 
 
-def dispatch_turns(dsn: str) -> list[tuple[str, int]]:
-    """The dispatch order (``started_at``) as runs of one tenant: ``[(tenant, length), ...]``.
-    With backlogged tenants of equal weight and jobs of cost 1, one DRR schedule gives runs of
-    exactly one quantum, the tenants in one cyclic order."""
+def dispatch_turns(dsn: str, *, by: str = "claim") -> list[tuple[str, int]]:
+    """The dispatch order as runs of one tenant: ``[(tenant, length), ...]``. With backlogged
+    tenants of equal weight and jobs of cost 1, one DRR schedule gives runs of exactly one
+    quantum, the tenants in one cyclic order. Jobs of one lane and tier (their keys compare).
+
+    ``by="claim"``: the order the claims took them, ``started_at`` (the claim's transaction
+    start, the same for every job of one claim), then the DRR key the job keeps when claimed
+    (scheduler v2); exact for one worker, whose claims follow each other. ``by="key"``: the DRR
+    keys alone, the one schedule every claimer takes from (concurrent claims' ``started_at``
+    need not follow their keys: a claim that began first may take later keys)."""
+    queries = {
+        "claim": "SELECT tenant_id FROM pgqueue.jobs "
+        "ORDER BY started_at, key_round, key_place, key_seq, id",
+        "key": "SELECT tenant_id FROM pgqueue.jobs ORDER BY key_round, key_place, key_seq, id",
+    }
     turns: list[tuple[str, int]] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
-        order = conn.execute("SELECT tenant_id FROM pgqueue.jobs ORDER BY started_at, id")
-        for (tenant,) in order:
+        rows = conn.execute(queries[by])
+        for (tenant,) in rows:
             if turns and turns[-1][0] == tenant:
                 turns[-1] = (tenant, turns[-1][1] + 1)
             else:

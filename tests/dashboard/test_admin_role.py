@@ -1,6 +1,6 @@
 """Every dashboard action is a SQL function that pgqueue_admin may call: the dashboard run
 with a login role of that group (after `pgqueue grant`) cancels, retries, re-queues a
-tenant's failed jobs and changes a tenant's plan and quantum."""
+tenant's failed jobs and changes a tenant's plan and quantum, and shows the schedule."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from psycopg.conninfo import make_conninfo
 from pgqueue.dashboard.app import DashboardConfig
 from pgqueue.dashboard.server import running_dashboard
 from pgqueue.db import queries
-from tests.dashboard.conftest import TOKEN, Client, Seeded, job_state
+from tests.dashboard.conftest import MODEL, TOKEN, Client, Seeded, job_state
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -54,6 +54,8 @@ def test_the_admin_role_runs_every_action(admin_dsn: str, db_dsn: str, seeded: S
         assert client.post("/actions/tenant", form)[0] == 303
         status, _, page = client.request(f"/jobs/{retry}")
         assert status == 200 and 'id="job-state" class="state-queued"' in page
+        status, _, page = client.request("/schedule")
+        assert status == 200 and f'<span class="lane">{MODEL}</span> critical' in page
     assert [job_state(db_dsn, j) for j in (cancel, retry, redrive)] == [
         "cancelled",
         "queued",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 import pytest
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
@@ -54,7 +55,9 @@ def _click_link(driver: Any, text: str) -> None:
     WebDriverWait(driver, 15, ignored_exceptions=[StaleElementReferenceException]).until(click)
 
 
-def test_overview_shows_depth_in_three_tiers_and_refreshes(browser, board, seeded: Seeded):
+def test_overview_shows_depth_in_three_tiers_and_refreshes(
+    browser, board, db_dsn: str, seeded: Seeded
+):
     browser.get(board + "/")
     [footer] = _cells(browser, "#depth tfoot tr:first-child", "th.n")
     # queued, running per tier: critical, standard, batch (+ the <script> job and a no-op job)
@@ -89,10 +92,12 @@ def test_overview_shows_depth_in_three_tiers_and_refreshes(browser, board, seede
     browser.get(board + "/tenants")
     assert "acme" in _text(browser, "#tenants")
     screenshot(browser, "tenants")
+    with psycopg.connect(db_dsn, autocommit=True) as conn:  # a claim's fold stamps them
+        conn.execute("SELECT pgqueue.fold(u.lane, u.tier) FROM pgqueue.lane_tiers_unstamped() u")
     browser.get(board + "/schedule")
     [headers] = _cells(browser, "#schedule thead tr", "th")
     rows = _cells(browser, "#schedule tbody tr")
-    assert len(rows) == sum(QUEUED.values()) + 2  # every queued job fits the pools now
+    assert len(rows) == sum(QUEUED.values()) + 2  # every due job, stamped for the page
     assert rows[0][headers.index("tier")] == "critical"
     screenshot(browser, "schedule")
 

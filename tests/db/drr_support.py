@@ -1,17 +1,43 @@
 """Helpers for the DRR claim tests: put jobs straight into pgqueue.jobs, claim, reset, and
-mirror the same inputs into the pure reference (pgqueue.scheduling.dispatch.TieredDrr)."""
+mirror the same inputs into the pure reference (pgqueue.scheduling.lanes.LaneScheduler: keyed
+DRR per lane and tier, tiers in priority order as under the strict policy). Every job here is
+in one lane (kind anthropic.messages without a model: not rate limited)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from pgqueue.models import Tier
-from pgqueue.scheduling.dispatch import Dispatch, TieredDrr
+from pgqueue.scheduling.dispatch import Dispatch
 from pgqueue.scheduling.drr import quantum_for_plan
-from pgqueue.scheduling.tiers import WeightedPolicy
+from pgqueue.scheduling.keys import to_units
+from pgqueue.scheduling.lanes import LaneScheduler
+
+LANE = "anthropic.messages"
+
+
+class Reference:
+    """The claim's reference: a LaneScheduler with one unlimited lane, one job per next()."""
+
+    def __init__(self, quantum_of: Callable[[str], float]) -> None:
+        self._lanes = LaneScheduler(lambda tenant: to_units(quantum_of(tenant)), horizon_rounds=4)
+        self._cost: dict[int, float] = {}
+
+    def enqueue(self, tier: Tier, tenant_id: str, job_id: int, cost: float) -> None:
+        self._cost[job_id] = cost
+        self._lanes.enqueue(LANE, tier, tenant_id, job_id, to_units(cost))
+
+    def next(self) -> Dispatch | None:
+        got = self._lanes.claim(1, 0.0)
+        if not got:
+            return None
+        d = got[0]
+        return Dispatch(d.tier, d.tenant_id, d.job_id, self._cost.pop(d.job_id))
+
 
 PAYLOAD = '{"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}'
 ORIGIN = {Tier.CRITICAL: "user_action", Tier.STANDARD: "scheduled", Tier.BATCH: "batch_job"}
@@ -30,7 +56,7 @@ def set_tenant(conn: Conn, tenant: str, plan: str = "free", quantum: float | Non
 def add_jobs(
     conn: Conn,
     jobs: Sequence[tuple[Tier, str, float]],
-    ref: TieredDrr | None = None,
+    ref: Reference | None = None,
     *,
     run_at_offset_seconds: float = 0.0,
 ) -> list[int]:
@@ -88,7 +114,7 @@ def claim_n(conn: Conn, n: int, batch: int = 10) -> list[Dispatch]:
     return out
 
 
-def reference(conn: Conn) -> TieredDrr:
+def reference(conn: Conn) -> Reference:
     """A reference whose quanta are read from pgqueue.tenants the way the SQL reads them."""
     plans = {
         t: (plan, q)
@@ -99,23 +125,31 @@ def reference(conn: Conn) -> TieredDrr:
         plan, override = plans.get(tenant, ("free", None))
         return quantum_for_plan(plan, override=override)
 
-    return TieredDrr(WeightedPolicy(), quantum_of)
+    return Reference(quantum_of)
 
 
 def reset(conn: Conn) -> None:
-    """Empty the queue and the scheduler state (between hypothesis examples)."""
-    conn.execute(
-        "TRUNCATE pgqueue.jobs, pgqueue.deficits, pgqueue.drr_inbox, pgqueue.throttle_events, "
-        "pgqueue.demotions, pgqueue.tenants CASCADE"
-    )
-    conn.execute(
-        "UPDATE pgqueue.tier_state SET swrr_current = 0, turn_tenant = NULL, next_pos = 1, "
-        "round = 0, round_end_pos = 0"
-    )
+    """Empty the queue and the scheduler state (between hypothesis examples); the session
+    claims under the strict tier policy, as the reference does."""
+    # DELETE, not TRUNCATE: a TRUNCATE syncs every new file of the tables and their indexes
+    # to disk, seconds per example on a busy machine.
+    for table in (
+        "jobs",
+        "flows",
+        "lane_tiers",
+        "cursors",
+        "throttle_events",
+        "demotions",
+        "usage_daily",
+        "queue_counts",
+        "tenants",
+    ):
+        conn.execute(sql.SQL("DELETE FROM pgqueue.{}").format(sql.Identifier(table)))
+    conn.execute("SET pgqueue.tier_policy = 'strict'")
     conn.commit()
 
 
-def ref_take(ref: TieredDrr, n: int) -> list[Dispatch]:
+def ref_take(ref: Reference, n: int) -> list[Dispatch]:
     out: list[Dispatch] = []
     while len(out) < n and (item := ref.next()) is not None:
         out.append(item)

@@ -471,8 +471,9 @@ def _counter_rows(conn: Conn) -> dict[str | None, int]:
 
 def test_counter_rows_stay_one_per_key_without_concurrency(db_dsn, conn):
     """Writes update a key's row in place: 200 enqueues leave one row per key, not one delta
-    row per write (the 0006 log grew so, and every capped enqueue re-read it); claims add one
-    row per key of their own (revision 0017), which workers hand over to the compactor."""
+    row per write (the 0006 log grew so, and every capped enqueue re-read it). Claims count
+    through the update trigger in the same rows (scheduler v2; v1's claims kept a row per key
+    of their own, revision 0017), so there are no claim rows to hand over."""
     _admin(db_dsn, "standard", max_queued=10**6, tenant_max_queued=10**6, policy="reject")
     conn.autocommit = True
     for i in range(200):
@@ -480,10 +481,10 @@ def test_counter_rows_stay_one_per_key_without_concurrency(db_dsn, conn):
     assert _counter_rows(conn) == {None: 1, "t0": 1, "t1": 1, "t2": 1, "t3": 1}
     for _ in range(5):
         queries.run(conn, "job_claim", {"limit": 10, "worker_id": "w", "lease_seconds": 30})
-    assert _counter_rows(conn) == {None: 2, "t0": 2, "t1": 2, "t2": 2, "t3": 2}
+    assert _counter_rows(conn) == {None: 1, "t0": 1, "t1": 1, "t2": 1, "t3": 1}
     counters, actual = _counters_match(conn)
     assert counters == actual
-    assert queries.run(conn, "queue_counts_release_claims")["released"] == 5
+    assert queries.run(conn, "queue_counts_release_claims")["released"] == 0
     queries.run(conn, "queue_counts_compact", {"max_rows": 10000})
     assert _counter_rows(conn) == {None: 1, "t0": 1, "t1": 1, "t2": 1, "t3": 1}
     assert _counters_match(conn) == (counters, actual)
@@ -672,8 +673,8 @@ def test_counter_storm_four_producers_two_workers(db_dsn):
         queries.run(c, "queue_counts_compact", {"max_rows": 100000})
         assert _counters_match(c)[0] == actual
         rows = c.execute("SELECT count(*) FROM pgqueue.queue_counts").fetchone()[0]
-        assert rows <= 2 * (3 + 3 * 6)  # one row per key, plus the key's claim row
-        # The claims' rows handed over (what workers do before folding): one row per key.
+        assert rows <= 2 * (3 + 3 * 6)  # one row per key, plus a sibling held at the moment
+        # What workers do before folding (a no-op since v2: claims keep no rows of their own).
         queries.run(c, "queue_counts_release_claims")
         queries.run(c, "queue_counts_compact", {"max_rows": 100000})
         assert _counters_match(c)[0] == actual

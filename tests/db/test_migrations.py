@@ -78,7 +78,7 @@ def test_queue_tables_are_vacuumed_early(db_dsn):
             ).fetchall()
         )
     assert "autovacuum_vacuum_scale_factor=0.02" in rows["jobs"]
-    for table in ("queue_counts", "deficits", "tier_state", "drr_inbox", "rate_limits"):
+    for table in ("queue_counts", "lane_tiers", "flows", "cursors", "rate_limits"):
         assert "autovacuum_vacuum_threshold=500" in rows[table], table
 
 

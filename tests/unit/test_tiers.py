@@ -236,7 +236,7 @@ def test_probabilistic_falls_back_instead_of_returning_nothing() -> None:
 def test_probabilistic_is_stateless_and_validates() -> None:
     policy = ProbabilisticPolicy(random.Random(0))
     assert policy.state() == {}
-    policy.load_state({"critical": 12.0})  # another policy's row: ignored
+    policy.load_state({"critical": 12.0})  # another policy's state: ignored
     with pytest.raises(ValueError, match="p_critical"):
         ProbabilisticPolicy(random.Random(0), p_critical=1.5)
     with pytest.raises(ValueError, match="unexpected tiers"):

@@ -74,7 +74,9 @@ def test_claims_are_capped_and_overlap_running_jobs(db_dsn: str) -> None:
     assert states == {"succeeded": N_JOBS}
     assert attempts == (1,)
     # Claims of at most 2 still follow the one DRR schedule: three tenants with 12 jobs of
-    # cost 1 each, quantum 5: turns of 5, 5 and then the 2 left, in one cyclic order.
+    # cost 1 each, quantum 5: turns of 5, 5 and then the 2 left, in one cyclic order. (Found
+    # porting to scheduler v2: a claim's jobs share its started_at, so the harness orders
+    # them by the key each keeps, not by id.)
     turns = dispatch_turns(db_dsn)
     assert [n for _t, n in turns] == [5] * 6 + [2] * 3, turns
     cycle = [t for t, _n in turns[:3]]

@@ -7,10 +7,11 @@ database. Checked:
 
 - every job runs exactly once, on its first attempt, and every host runs some;
 - ``worker_id`` names the host that ran the job;
-- the dispatch order over all four hosts is ONE Deficit Round Robin schedule: with four
-  backlogged tenants of equal weight and jobs of cost 1, the jobs, taken in ``started_at``
-  order, come in turns of exactly one quantum (5) per tenant, the tenants in the same cyclic
-  order every round. Four separate schedules would interleave their turns.
+- the jobs all four hosts ran follow ONE Deficit Round Robin schedule: with four
+  backlogged tenants of equal weight and jobs of cost 1, the jobs, taken in the order of the
+  DRR keys they were claimed with (scheduler v2; concurrent claims' ``started_at`` need not
+  follow the keys), come in turns of exactly one quantum (5) per tenant, the tenants in the
+  same cyclic order every round. Four separate schedules would interleave their turns.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def test_workers_on_four_hosts_share_one_schedule(db_dsn: str, tmp_path: Path) -
     assert set(per_host) == set(host_of_pid.values()), f"jobs per host: {dict(per_host)}"
 
     # One DRR schedule: turns of one quantum each, the tenants in one cyclic order.
-    turns = dispatch_turns(db_dsn)
+    turns = dispatch_turns(db_dsn, by="key")
     assert [length for _tenant, length in turns] == [QUANTUM] * (n_jobs // QUANTUM), turns[:12]
     cycle = [tenant for tenant, _length in turns[: len(TENANTS)]]
     assert sorted(cycle) == sorted(TENANTS)

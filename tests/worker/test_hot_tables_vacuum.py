@@ -16,18 +16,19 @@ from psycopg_pool import AsyncConnectionPool
 
 from pgqueue.worker import upkeep
 
-INBOX_PAGES = "SELECT pg_relation_size('pgqueue.drr_inbox') / 8192"
+CURSOR_PAGES = "SELECT pg_relation_size('pgqueue.cursors') / 8192"
 
 
-def _bloat_the_inbox(dsn: str) -> int:
-    """What a minute of single enqueues left behind: the inbox's dead rows, many pages."""
+def _bloat_the_cursors(dsn: str) -> int:
+    """What many claimers' moves leave behind: the cursors' dead rows, many pages."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "INSERT INTO pgqueue.drr_inbox (tier, tenant_id)"
-            " SELECT 'standard', 't' || i FROM generate_series(1, 20000) AS i"
+            "INSERT INTO pgqueue.cursors (lane, tier, worker_id, key_round, key_place, key_seq)"
+            " SELECT 'pgqueue.noop', 'standard', 'w' || i, i, 0, i"
+            " FROM generate_series(1, 20000) AS i"
         )
-        conn.execute("DELETE FROM pgqueue.drr_inbox")
-        row = conn.execute(INBOX_PAGES).fetchone()
+        conn.execute("DELETE FROM pgqueue.cursors")
+        row = conn.execute(CURSOR_PAGES).fetchone()
         assert row is not None
         return int(row[0])
 
@@ -45,15 +46,15 @@ async def _pool(dsn: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
 
 @pytest.mark.timeout(60)
 async def test_a_worker_vacuums_the_hot_tables_unless_someone_just_did(db_dsn: str) -> None:
-    """Found while profiling claims: the claim drains the DRR inbox by a full scan, and between
-    autovacuum rounds every claim read all the inbox's dead rows (120 pages after one minute
-    of single enqueues at ~560 per second)."""
-    before = _bloat_the_inbox(db_dsn)
+    """Found while profiling claims (scheduler v1): between autovacuum rounds every claim read
+    all the dead rows of a hot table (its inbox: 120 pages after one minute of single
+    enqueues at ~560 per second). Now every claim moves its cursor row."""
+    before = _bloat_the_cursors(db_dsn)
     assert before > 50
     async for pool in _pool(db_dsn):
         assert await upkeep.vacuum_hot_tables(pool, 60.0) == "vacuumed"  # never vacuumed: due
         with psycopg.connect(db_dsn, autocommit=True) as other:
-            row = other.execute(INBOX_PAGES).fetchone()
+            row = other.execute(CURSOR_PAGES).fetchone()
             assert row is not None and row[0] <= 1
         # Found by a tester: every worker of a fleet vacuumed each interval; now the date of
         # the last vacuum (by anyone) decides.

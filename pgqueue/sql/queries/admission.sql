@@ -35,7 +35,7 @@ GROUP BY GROUPING SETS ((j.priority, j.tenant_id), (j.priority))
 ORDER BY 1, 2 NULLS FIRST
 
 -- name: queue_counts_release_claims :one
--- Turn the claims' own counter rows (one per key, revision 0017) into ordinary rows, which
--- queue_counts_compact then folds; under the scheduler's lock, so it waits for a claim under
--- way (run it in a transaction of its own).
+-- Turn the claims' own counter rows (one per key, revision 0017: scheduler v1's claims wrote
+-- them; v2's count through the update trigger) into ordinary rows, which
+-- queue_counts_compact then folds (run it in a transaction of its own).
 SELECT pgqueue.queue_counts_release_claims() AS released

@@ -7,22 +7,20 @@
 -- name: dashboard_depth_by_lane :many
 -- Per lane and tier: queued jobs, those due now, the oldest queued one's age (seconds), and
 -- running jobs. A lane is a rate-limit pool: the model for anthropic.messages jobs, the kind
--- otherwise. Two scans, one of each partial index (queued, running), never the finished
--- jobs: `state IN ('queued', 'running')` matches neither index, and read the whole table
--- (0.6 s at 1M jobs; bench/dashboard.py).
+-- otherwise (pgqueue.jobs.lane, the scheduler's). Two scans, one of each partial index
+-- (queued, running), never the finished jobs: `state IN ('queued', 'running')` matches
+-- neither index, and read the whole table (0.6 s at 1M jobs; bench/dashboard.py).
 WITH live AS (
-    SELECT j.kind, j.model, j.priority, 1 AS queued, (j.run_at <= now())::int AS due,
+    SELECT j.lane, j.priority, 1 AS queued, (j.run_at <= now())::int AS due,
            0 AS running, j.enqueued_at
     FROM pgqueue.jobs j
     WHERE j.state = 'queued'
     UNION ALL
-    SELECT j.kind, j.model, j.priority, 0, 0, 1, NULL
+    SELECT j.lane, j.priority, 0, 0, 1, NULL
     FROM pgqueue.jobs j
     WHERE j.state = 'running'
 )
-SELECT CASE WHEN l.kind = 'anthropic.messages' THEN coalesce(l.model, l.kind) ELSE l.kind END
-           AS lane,
-       l.priority::text AS tier,
+SELECT l.lane, l.priority::text AS tier,
        sum(l.queued) AS queued, sum(l.due) AS due, sum(l.running) AS running,
        extract(epoch FROM now() - min(l.enqueued_at))::double precision AS oldest_queued_seconds
 FROM live l
@@ -88,20 +86,25 @@ ORDER BY (s.tenant_id IS NULL), coalesce(s.jobs_queued, 0) DESC, coalesce(s.cost
          t.tenant_id
 LIMIT %(limit)s
 
--- name: dashboard_claim_order_rows :exec
--- For the rest of this transaction, pgqueue.claim_order previews this many claims.
-SELECT set_config('pgqueue.claim_order_rows', %(rows)s::text, true)
-
 -- name: dashboard_claim_order :many
--- What runs next: the view, as it is (its columns are shown as they come).
+-- What runs next, per tier and lane in key order: the view, as it is (its columns are shown
+-- as they come: lane, tier, tenant_id, job_id, cost, round, place, seq). Only stamped jobs
+-- have a key; claims stamp the due ones (pgqueue.fold), so with workers running the view
+-- lags new arrivals by about a poll interval.
 SELECT * FROM pgqueue.claim_order LIMIT %(limit)s
+
+-- name: dashboard_unstamped :many
+-- The lanes and tiers with due jobs that have no key yet (claims stamp them; a skip scan, one
+-- probe per lane and tier). The page only reads: a fold here, even rolled back, would hold
+-- the lane's stamping lock and its rows while the workers' folds skip it.
+SELECT u.lane, u.tier::text AS tier FROM pgqueue.lane_tiers_unstamped() u
+ORDER BY u.tier, u.lane
 
 -- name: job_list :many
 -- Jobs matching every given filter, newest first, `limit` of them from below `before_id`
 -- (a page: pass the last id shown). A scan of jobs_pkey backwards.
 SELECT j.id, j.tenant_id, j.kind,
-       CASE WHEN j.kind = 'anthropic.messages' THEN coalesce(j.model, j.kind) ELSE j.kind END
-           AS lane,
+       j.lane,
        j.priority::text AS tier, j.state::text AS state, j.attempts, j.max_attempts, j.cost,
        j.enqueued_at, j.run_at, j.started_at, j.finished_at,
        left(j.last_error, 200) AS last_error
@@ -117,8 +120,7 @@ LIMIT %(limit)s
 -- name: job_get :one
 -- One job, every column a user may look at (the lease token is not shown).
 SELECT j.id, j.tenant_id, j.kind,
-       CASE WHEN j.kind = 'anthropic.messages' THEN coalesce(j.model, j.kind) ELSE j.kind END
-           AS lane,
+       j.lane,
        j.origin::text AS origin, j.sla_seconds, j.priority::text AS tier,
        j.state::text AS state, j.payload, j.result, j.last_error, j.cost, j.est_input_tokens,
        j.max_output_tokens, j.input_tokens, j.output_tokens, j.attempts, j.max_attempts,

@@ -1,12 +1,15 @@
 -- The claim path and every guarded state transition of a job.
 
 -- name: job_claim :many
--- Tier pick (pgqueue.tier_policy) then per-tenant Deficit Round Robin within the tier, decided
--- under a short advisory lock so that every worker shares one fair schedule; the deficits are
--- charged in this transaction. Only due, queued jobs, and only those the provider's limits
--- let through now (pgqueue.claim_admitted): when the limiter stops the batch, a last row with
--- a NULL id carries blocked_seconds. See docs/drr.md. `to_batch`: the job goes to the batches
--- lane (pgqueue.batches.lane parks it) instead of running here.
+-- Scheduler v2 (docs/drr.md): per lane (rate-limit pool: the model, else the kind), the tier
+-- (pgqueue.tier_policy), then the jobs of that lane and tier in their DRR key order, taken
+-- with FOR UPDATE SKIP LOCKED: claimers run side by side, with no scheduler lock between
+-- them (a rate-limited model's bucket row is the one row they share).
+-- Only due, queued jobs, and only those the provider's limits let through now
+-- (pgqueue.claim_admitted); a lane in cooldown or out of tokens holds back no other lane.
+-- When the limiter stopped a lane and fewer than `limit` were claimed, a last row with a NULL
+-- id carries blocked_seconds. `to_batch`: the job goes to the batches lane
+-- (pgqueue.batches.lane parks it) instead of running here.
 SELECT (c.job).id, (c.job).tenant_id, (c.job).kind, (c.job).priority, (c.job).payload,
        (c.job).cost, (c.job).attempts, (c.job).max_attempts, (c.job).throttle_retries,
        (c.job).enqueued_at, (c.job).lease_token::text AS lease_token, (c.job).model,
@@ -17,14 +20,14 @@ FROM pgqueue.claim_admitted(%(limit)s, %(worker_id)s, %(lease_seconds)s) AS c
 
 -- name: job_claim_durable :execrows
 -- Makes the claims this worker received durable before their handlers start. The claim commits
--- without waiting for its WAL flush (pgqueue.claim_admitted: the scheduler's lock is released
--- sooner), so a crash of Postgres could lose a claim already handed out, and its jobs ran again
--- with their attempt not counted (found by a fault run: 4 jobs ran twice, attempts 1). This
--- statement rewrites one claimed row as it is (fenced by its lease) and commits with
--- synchronous_commit on: a commit that wrote WAL waits for the flush past its own commit
--- record, so past the claim's too (WAL is one sequence). (A commit that wrote nothing, such as
--- txid_current()'s, does not wait.) The wait is outside the scheduler's lock, and concurrent
--- flushes are grouped.
+-- without waiting for its WAL flush (pgqueue.claim_admitted: its row locks, the limiter's
+-- bucket among them, are released sooner), so a crash of Postgres could lose a claim already
+-- handed out, and its jobs ran again with their attempt not counted (found by a fault run: 4
+-- jobs ran twice, attempts 1). This statement rewrites one claimed row as it is (fenced by
+-- its lease) and commits with synchronous_commit on: a commit that wrote WAL waits for the
+-- flush past its own commit record, so past the claim's too (WAL is one sequence). (A commit
+-- that wrote nothing, such as txid_current()'s, does not wait.) The wait holds none of the
+-- claim's locks, and concurrent flushes are grouped.
 UPDATE pgqueue.jobs
 SET lease_expires_at = lease_expires_at
 WHERE id = %(id)s AND tenant_id = %(tenant_id)s

@@ -43,7 +43,7 @@ BEGIN
     -- Workers vacuum the claim's small, hot tables (maintenance.sql): Postgres 17 and newer
     -- have a privilege for it; before that only the tables' owner can.
     IF current_setting('server_version_num')::int >= 170000 THEN
-        EXECUTE 'GRANT MAINTAIN ON pgqueue.drr_inbox, pgqueue.deficits, pgqueue.tier_state, pgqueue.queue_counts, pgqueue.rate_limits TO pgqueue_worker';
+        EXECUTE 'GRANT MAINTAIN ON pgqueue.lane_tiers, pgqueue.flows, pgqueue.cursors, pgqueue.queue_counts, pgqueue.rate_limits TO pgqueue_worker';
     END IF;
     GRANT ALL ON ALL TABLES IN SCHEMA pgqueue TO pgqueue_admin;
     -- Which tenant a role acts for is the admins' to say: workers only read it.

@@ -102,6 +102,14 @@ CREATE TABLE pgqueue.jobs (
     output_tokens integer,
     dedupe_key text,
     tier pgqueue.tier GENERATED ALWAYS AS (priority) STORED,
+    lane text GENERATED ALWAYS AS (
+CASE
+    WHEN ((kind = 'anthropic.messages'::text) AND (model IS NOT NULL)) THEN model
+    ELSE kind
+END) STORED,
+    key_round bigint,
+    key_place numeric,
+    key_seq bigint,
     CONSTRAINT jobs_dedupe_key_check CHECK (((dedupe_key IS NULL) OR ((dedupe_key <> ''::text) AND (char_length(dedupe_key) <= 256)))),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_pkey PRIMARY KEY (id, tenant_id)
@@ -127,6 +135,72 @@ CREATE INDEX jobs_queued_tenant_head_idx ON pgqueue.jobs USING btree (tenant_id,
 CREATE INDEX jobs_running_lease_idx ON pgqueue.jobs USING btree (lease_expires_at) WHERE (state = 'running'::pgqueue.job_state);
 
 CREATE INDEX jobs_started_at_idx ON pgqueue.jobs USING btree (started_at) WHERE (started_at IS NOT NULL);
+
+-- The scheduler (070_scheduler.sql, docs/drr.md). A queued job's key (key_round, key_place,
+-- key_seq) is its place in its lane and tier's DRR order, NULL until a fold stamps it; a
+-- claim keeps it on the job. The claim reads one index range per lane and tier in key order;
+-- the stamper finds the unstamped jobs per tenant (FIFO) and by the moment they became due.
+CREATE INDEX jobs_claim_idx ON pgqueue.jobs USING btree (lane, priority, key_round, key_place, key_seq) WHERE ((state = 'queued'::pgqueue.job_state) AND (key_round IS NOT NULL));
+
+CREATE INDEX jobs_unstamped_idx ON pgqueue.jobs USING btree (lane, priority, tenant_id, run_at, id) WHERE ((state = 'queued'::pgqueue.job_state) AND (key_round IS NULL));
+
+CREATE INDEX jobs_unstamped_due_idx ON pgqueue.jobs USING btree (lane, priority, run_at, tenant_id) WHERE ((state = 'queued'::pgqueue.job_state) AND (key_round IS NULL));
+
+-- One row per lane and tier, written only by the holder of its stamping lock: the last
+-- key_seq handed out, the frontier (claims stay at or below it: the smallest key after which
+-- a flow cut by the horizon has unstamped jobs; NULL: none), when jobs were last folded and
+-- when a fold last looked at every tenant.
+CREATE TABLE pgqueue.lane_tiers (
+    lane text NOT NULL,
+    tier pgqueue.tier NOT NULL,
+    seq bigint DEFAULT 0 NOT NULL,
+    frontier_round bigint,
+    frontier_place numeric,
+    frontier_seq bigint,
+    folded_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    full_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    CONSTRAINT lane_tiers_pkey PRIMARY KEY (lane, tier)
+)
+WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='500');
+
+-- The DRR flow state: one row per tenant that was backlogged in a lane and tier, its place in
+-- the cycle and where its last stamped job left it (round, seq, credit in integer cost
+-- units). cut: the horizon left some of its due jobs unstamped; next_round: the round of the
+-- first of them.
+CREATE TABLE pgqueue.flows (
+    lane text NOT NULL,
+    tier pgqueue.tier NOT NULL,
+    tenant_id text NOT NULL,
+    place numeric NOT NULL,
+    last_round bigint NOT NULL,
+    last_seq bigint NOT NULL,
+    credit bigint NOT NULL,
+    cut boolean NOT NULL,
+    next_round bigint,
+    CONSTRAINT flows_pkey PRIMARY KEY (lane, tier, tenant_id)
+)
+WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='500');
+
+CREATE INDEX flows_place_idx ON pgqueue.flows USING btree (lane, tier, place);
+
+CREATE INDEX flows_cut_idx ON pgqueue.flows USING btree (lane, tier, last_round, place, last_seq) WHERE cut;
+
+-- The cursor of a lane and tier (the key of the last claimed job): each claimer keeps the
+-- greatest key it claimed in a row of its own, so that no claimer waits on another; the
+-- stamper reads the greatest. Rows of claimers gone for an hour are pruned by the stamper.
+CREATE TABLE pgqueue.cursors (
+    lane text NOT NULL,
+    tier pgqueue.tier NOT NULL,
+    worker_id text NOT NULL,
+    key_round bigint NOT NULL,
+    key_place numeric NOT NULL,
+    key_seq bigint NOT NULL,
+    moved_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT cursors_pkey PRIMARY KEY (lane, tier, worker_id)
+)
+WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='500');
+
+CREATE INDEX cursors_key_idx ON pgqueue.cursors USING btree (lane, tier, key_round, key_place, key_seq);
 
 -- 429/529 answers per tenant; five in a minute demote the tenant (090_backpressure.sql).
 CREATE TABLE pgqueue.throttle_events (
@@ -171,52 +245,6 @@ CREATE TABLE pgqueue.usage_daily (
     CONSTRAINT usage_daily_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES pgqueue.tenants(tenant_id)
 );
 
--- The DRR flow state: one row per backlogged (tenant, tier), its deficit and place (pos)
--- in the tier's round. pos NULL: waiting to join (not due before due_at). Rows exist only
--- for tenants with queued work, so the claim's cost grows with active tenants, not jobs.
-CREATE TABLE pgqueue.deficits (
-    tenant_id text NOT NULL,
-    tier pgqueue.tier NOT NULL,
-    deficit double precision DEFAULT 0 NOT NULL,
-    pos bigint,
-    due_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
-    refill_offset bigint NOT NULL,
-    CONSTRAINT deficits_deficit_check CHECK ((deficit >= (0)::double precision)),
-    CONSTRAINT deficits_pkey PRIMARY KEY (tenant_id, tier)
-)
-WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='500');
-
-CREATE INDEX deficits_round_idx ON pgqueue.deficits USING btree (tier, pos);
-
-CREATE INDEX deficits_waiting_idx ON pgqueue.deficits USING btree (tier, due_at, refill_offset, tenant_id COLLATE "C") WHERE (pos IS NULL);
-
--- One row per tier: the weighted policy's SWRR current value and the tier's DRR round
--- (the tenant whose turn is in progress, the round's tail and end, rounds begun).
-CREATE TABLE pgqueue.tier_state (
-    tier pgqueue.tier NOT NULL,
-    weight double precision NOT NULL,
-    swrr_current double precision DEFAULT 0 NOT NULL,
-    turn_tenant text,
-    next_pos bigint DEFAULT 1 NOT NULL,
-    round bigint DEFAULT 0 NOT NULL,
-    round_end_pos bigint DEFAULT 0 NOT NULL,
-    CONSTRAINT tier_state_weight_check CHECK (((weight > (0)::double precision) AND (weight < 'Infinity'::double precision))),
-    CONSTRAINT tier_state_pkey PRIMARY KEY (tier)
-)
-WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='500');
-
-INSERT INTO pgqueue.tier_state (tier, weight)
-VALUES ('critical', 70), ('standard', 25), ('batch', 5);
-
--- (tier, tenant) pairs that received queued work, appended by triggers in the writer's
--- transaction and folded into deficits by the next claim: append-only, so an uncommitted
--- enqueue can never race a claim that drops the pair.
-CREATE TABLE pgqueue.drr_inbox (
-    tier pgqueue.tier NOT NULL,
-    tenant_id text NOT NULL
-)
-WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='500');
-
 -- Exact queued counters for admission control: a delta log per (tier, tenant) (tenant NULL:
 -- the tier's total), folded by queue_counts_compact; docs/admission.md.
 CREATE TABLE pgqueue.queue_counts (
@@ -253,7 +281,9 @@ CREATE TABLE pgqueue.admission (
 INSERT INTO pgqueue.admission (tier) VALUES ('critical'), ('standard'), ('batch');
 
 -- The shared provider limiter: per model, limits per minute, token-bucket levels refilled
--- to refreshed_at, cooldown after a 429, the observed input-estimate ratio.
+-- to refreshed_at, cooldown after a 429, the observed input-estimate ratio; the input tokens
+-- each tier's guarantee holds in the bucket, grown up to guarantees_at, and the tiers that
+-- were backlogged then (ratelimit_pick_tier, 060_rate_limiter.sql).
 CREATE TABLE pgqueue.rate_limits (
     model text NOT NULL,
     requests_per_minute double precision NOT NULL,
@@ -266,6 +296,11 @@ CREATE TABLE pgqueue.rate_limits (
     cooldown_until timestamp with time zone,
     input_estimate_ratio double precision DEFAULT 1.0 NOT NULL,
     limits_from_headers boolean DEFAULT false NOT NULL,
+    guarantee_critical double precision DEFAULT 0 NOT NULL,
+    guarantee_standard double precision DEFAULT 0 NOT NULL,
+    guarantee_batch double precision DEFAULT 0 NOT NULL,
+    guarantees_at timestamp with time zone DEFAULT now() NOT NULL,
+    tiers_backlogged pgqueue.tier[] DEFAULT '{}'::pgqueue.tier[] NOT NULL,
     CONSTRAINT rate_limits_input_estimate_ratio_check CHECK ((input_estimate_ratio > (0)::double precision)),
     CONSTRAINT rate_limits_input_tokens_per_minute_check CHECK ((input_tokens_per_minute > (0)::double precision)),
     CONSTRAINT rate_limits_model_check CHECK ((model <> ''::text)),

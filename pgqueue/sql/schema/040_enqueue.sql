@@ -1,6 +1,6 @@
 -- Enqueue, part 2: one job. try_enqueue validates, classifies, asks admission control
 -- (050_admission.sql) and inserts; enqueue is the SQL entry point that raises PQ010 for a full
--- tier. The insert trigger keeps the counters and the DRR inbox and wakes workers (NOTIFY).
+-- tier. The insert trigger keeps the counters and wakes workers (NOTIFY).
 
 -- Raised for a full tier whose policy is reject or block: SQLSTATE PQ010, the verdict as JSON
 -- in DETAIL (tier, tenant_id, policy, scope, depth, cap). depth NULL (a full tier, told to a
@@ -209,7 +209,7 @@ BEGIN
 END
 $$;
 
--- New rows: queued counters, the (tier, tenant) pairs for the DRR inbox, and one NOTIFY
+-- New rows: queued counters and one NOTIFY
 -- naming the tiers touched. Runs for every insert: nothing a caller can set skips it (found
 -- by a hostile tester, issue 32: revision 0019 skipped it when a transaction-local setting
 -- named the transaction, which a producer could set by hand before enqueue_many, leaving
@@ -251,9 +251,6 @@ BEGIN
           FROM new_rows n
           GROUP BY GROUPING SETS ((n.priority, n.tenant_id), (n.priority))) g;
     IF tiers IS NOT NULL THEN
-        INSERT INTO pgqueue.drr_inbox (tier, tenant_id)
-        SELECT u.tier, u.tenant_id FROM unnest(tiers, tenants) AS u(tier, tenant_id)
-        WHERE u.tenant_id IS NOT NULL;
         PERFORM pgqueue.queue_counts_add(tiers, tenants, deltas);
     END IF;
     PERFORM pg_notify('pgqueue_jobs', coalesce(touched, ''));

@@ -54,31 +54,73 @@ AS $$
         refreshed_at = r.refreshed_at,
         cooldown_until = r.cooldown_until,
         input_estimate_ratio = r.input_estimate_ratio,
-        limits_from_headers = r.limits_from_headers
+        limits_from_headers = r.limits_from_headers,
+        -- Σ guarantees never above the level (lowered by a header, an untiered take): the
+        -- lowest tiers give back first
+        guarantee_critical = least(r.guarantee_critical, greatest(0, r.input_tokens_available)),
+        guarantee_standard = least(r.guarantee_standard,
+            greatest(0, r.input_tokens_available - r.guarantee_critical)),
+        guarantee_batch = least(r.guarantee_batch, greatest(0,
+            r.input_tokens_available - r.guarantee_critical - r.guarantee_standard)),
+        guarantees_at = r.guarantees_at,
+        tiers_backlogged = r.tiers_backlogged
     WHERE l.model = r.model
 $$;
 
--- Admission for one request: take 1 request, the estimated input tokens (corrected by the
--- model's observed ratio) and max_tokens of output, if all three fit and no cooldown is open.
--- Input tokens are an estimate (characters / 4), so the input bucket keeps a margin for its
--- error: a request fits when the level minus the margin holds it (GUC
--- pgqueue.ratelimit_input_margin, a share of the per-minute limit, default 0.02; less for a
--- request too large to leave it, which may then take a full bucket). Without it a worker
--- starting on a full 40k bucket admitted 40.3k tokens in its first second and met a 429.
--- Returns 0 when taken; else the seconds until they would fit ('Infinity' when a request is
--- larger than a bucket's capacity: it can never be sent whole).
-CREATE OR REPLACE FUNCTION pgqueue.ratelimit_try_take(p_model text, p_input_tokens double precision,
-                                                      p_output_tokens double precision)
+-- How the tiers share a model's input-token bucket: the rule of TierShares
+-- (pgqueue/scheduling/capacity.py, the pure reference; docs/drr.md). While a tier is
+-- backlogged its guarantee grows at its weight's share of the refill (70:25:5 among the
+-- backlogged tiers; GUCs pgqueue.tier_weight_<tier>); guaranteed tokens stay in the bucket for
+-- that tier. A tier below an idle higher tier keeps the trunk reserve in the bucket (GUC
+-- pgqueue.ratelimit_trunk_reserve, a share of the per-minute limit, default 0.25), never more
+-- than the limit minus its job's need, so every job that fits the bucket is let in eventually.
+
+-- The reserve `p_tier` must leave for a job needing `p_need` tokens: none when every higher
+-- tier was backlogged at the last pick (each has its own guarantee), else the trunk reserve.
+CREATE OR REPLACE FUNCTION pgqueue.ratelimit_tier_reserve(r pgqueue.rate_limits,
+                                                          p_tier pgqueue.tier,
+                                                          p_need double precision)
 RETURNS double precision
-LANGUAGE plpgsql
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE
+        -- the tiers from critical down to p_tier: all backlogged, or p_tier itself
+        WHEN enum_range(NULL::pgqueue.tier, p_tier) <@ (r.tiers_backlogged || p_tier) THEN 0
+        ELSE greatest(0, least(
+            pgqueue.setting('ratelimit_trunk_reserve', 0.25) * r.input_tokens_per_minute,
+            r.input_tokens_per_minute - p_need))
+    END
+$$;
+
+-- Seconds until one request fits the row `r` (refilled to now): 1 request, the estimated input
+-- tokens times the model's observed ratio, and max_tokens of output, with no cooldown open;
+-- 0 when it fits now, 'Infinity' when it is larger than a bucket's limit (never whole).
+-- Input tokens are an estimate (characters / 4), so the input bucket keeps a margin for its
+-- error (GUC pgqueue.ratelimit_input_margin, a share of the limit, default 0.02; less for a
+-- request too large to leave it): without it a worker starting on a full 40k bucket admitted
+-- 40.3k tokens in its first second and met a 429. With `p_tier`, the tier's rule too: paid
+-- from its guarantee, or from its guarantee and the tokens no guarantee holds, leaving its
+-- reserve. The margin guards every take, the reserve only some: the reserve counts the margin
+-- in rather than adding to it (a take leaving the 25 % reserve leaves the 2 % margin), so
+-- the margin binds alone only where no reserve is kept (critical, or below busy tiers). The
+-- tier's wait is a lower bound (others' guarantees grow meanwhile): the caller asks again.
+CREATE OR REPLACE FUNCTION pgqueue.ratelimit_wait(r pgqueue.rate_limits, p_tier pgqueue.tier,
+                                                  p_input_tokens double precision,
+                                                  p_output_tokens double precision)
+RETURNS double precision
+LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    r pgqueue.rate_limits := pgqueue.ratelimit_row(p_model);
     need_in double precision := p_input_tokens * r.input_estimate_ratio;
+    rate double precision := r.input_tokens_per_minute / 60.0;
     margin double precision := least(
         pgqueue.setting('ratelimit_input_margin', 0.02) * r.input_tokens_per_minute,
         greatest(0, r.input_tokens_per_minute - need_in));
-    wait double precision := 0;
+    held double precision := CASE p_tier WHEN 'critical' THEN r.guarantee_critical
+        WHEN 'standard' THEN r.guarantee_standard WHEN 'batch' THEN r.guarantee_batch END;
+    free double precision := r.input_tokens_available
+        - (r.guarantee_critical + r.guarantee_standard + r.guarantee_batch);
+    short double precision := 0;
 BEGIN
     IF r.cooldown_until > now() THEN
         RETURN extract(epoch FROM r.cooldown_until - now());
@@ -86,20 +128,115 @@ BEGIN
     IF need_in > r.input_tokens_per_minute OR p_output_tokens > r.output_tokens_per_minute THEN
         RETURN 'Infinity'::double precision;
     END IF;
-    wait := greatest(
-        (1 - r.requests_available) / (r.requests_per_minute / 60.0),
-        (need_in + margin - r.input_tokens_available) / (r.input_tokens_per_minute / 60.0),
-        (p_output_tokens - r.output_tokens_available) / (r.output_tokens_per_minute / 60.0),
-        0);
-    IF wait > 0 THEN
-        PERFORM pgqueue.ratelimit_save(r);
-        RETURN wait;
+    IF held < need_in THEN  -- not from the guarantee alone (NULL for no tier)
+        short := pgqueue.ratelimit_tier_reserve(r, p_tier, need_in) - (held + free - need_in);
     END IF;
-    r.requests_available := r.requests_available - 1;
-    r.input_tokens_available := r.input_tokens_available - need_in;
-    r.output_tokens_available := r.output_tokens_available - p_output_tokens;
+    RETURN greatest(
+        (1 - r.requests_available) / (r.requests_per_minute / 60.0),
+        (need_in + margin - r.input_tokens_available) / rate,
+        (p_output_tokens - r.output_tokens_available) / (r.output_tokens_per_minute / 60.0),
+        short / rate,
+        0);
+END
+$$;
+
+-- Admission for one request (ratelimit_wait): takes it if it fits now, paid first from the
+-- guarantee of `p_tier` (with no tier: from the bucket, as the claim did before tiers shared
+-- it). The reserve a tier keeps depends on the tiers backlogged at the last
+-- ratelimit_pick_tier, so a claim picks the tier first, then takes its head job.
+-- Returns 0 when taken; else the seconds until it would fit ('Infinity': never whole).
+CREATE OR REPLACE FUNCTION pgqueue.ratelimit_try_take(p_model text, p_input_tokens double precision,
+                                                      p_output_tokens double precision,
+                                                      p_tier pgqueue.tier DEFAULT NULL)
+RETURNS double precision
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    r pgqueue.rate_limits := pgqueue.ratelimit_row(p_model);
+    need_in double precision := p_input_tokens * r.input_estimate_ratio;
+    wait double precision := pgqueue.ratelimit_wait(r, p_tier, p_input_tokens, p_output_tokens);
+BEGIN
+    IF wait = 0 THEN
+        r.requests_available := r.requests_available - 1;
+        r.input_tokens_available := r.input_tokens_available - need_in;
+        r.output_tokens_available := r.output_tokens_available - p_output_tokens;
+        r.guarantee_critical := greatest(0, r.guarantee_critical
+            - CASE WHEN p_tier = 'critical' THEN need_in ELSE 0 END);
+        r.guarantee_standard := greatest(0, r.guarantee_standard
+            - CASE WHEN p_tier = 'standard' THEN need_in ELSE 0 END);
+        r.guarantee_batch := greatest(0, r.guarantee_batch
+            - CASE WHEN p_tier = 'batch' THEN need_in ELSE 0 END);
+    END IF;
     PERFORM pgqueue.ratelimit_save(r);
-    RETURN 0;
+    RETURN wait;
+END
+$$;
+
+-- The tier a lane's claim sends next. p_needs: the estimated input tokens (as for
+-- ratelimit_try_take: the ratio is applied here) of each tier's head job, in tier order
+-- (critical, standard, batch), NULL for a tier with nothing due; p_output_needs likewise
+-- their max_tokens (NULL: not checked here). Grows the guarantees up to now (TierShares.advance:
+-- a tier not backlogged loses its guarantee, one above its head's need is cut back to it,
+-- then each backlogged tier, highest first, gains its weight's share of the refill since
+-- guarantees_at from the free tokens, a lower tier leaving its reserve), records the backlogged
+-- tiers, saves, and returns the highest tier whose head ratelimit_try_take would take now, or
+-- let through (larger than a bucket: it would block its tier forever), or NULL.
+CREATE OR REPLACE FUNCTION pgqueue.ratelimit_pick_tier(p_model text, p_needs double precision[],
+                                                       p_output_needs double precision[]
+                                                           DEFAULT NULL)
+RETURNS pgqueue.tier
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    r pgqueue.rate_limits := pgqueue.ratelimit_row(p_model);
+    tiers pgqueue.tier[] := enum_range(NULL::pgqueue.tier);
+    need double precision[];
+    g double precision[] := ARRAY[r.guarantee_critical, r.guarantee_standard, r.guarantee_batch];
+    -- the tiers' weights (GUC pgqueue.tier_weight_<tier>, else 70, 25, 5)
+    w double precision[] := ARRAY[pgqueue.setting('tier_weight_critical', 70),
+                                  pgqueue.setting('tier_weight_standard', 25),
+                                  pgqueue.setting('tier_weight_batch', 5)];
+    rate double precision := r.input_tokens_per_minute / 60.0;
+    elapsed double precision := greatest(0, extract(epoch FROM now() - r.guarantees_at));
+    total_w double precision := 0;
+    grow double precision;
+    picked pgqueue.tier;
+BEGIN
+    IF array_length(p_needs, 1) IS DISTINCT FROM 3 THEN
+        RAISE EXCEPTION 'p_needs must have one element per tier (3), got %', p_needs
+            USING ERRCODE = '22023';
+    END IF;
+    need := ARRAY(SELECT n * r.input_estimate_ratio FROM unnest(p_needs) WITH ORDINALITY u(n, i)
+                  ORDER BY i);
+    r.tiers_backlogged := ARRAY(SELECT tiers[i] FROM generate_series(1, 3) i
+                                WHERE need[i] IS NOT NULL ORDER BY i);
+    FOR i IN 1 .. 3 LOOP
+        g[i] := CASE WHEN need[i] IS NULL THEN 0 ELSE least(g[i], need[i]) END;
+        total_w := total_w + CASE WHEN need[i] IS NULL THEN 0 ELSE w[i] END;
+    END LOOP;
+    FOR i IN 1 .. 3 LOOP
+        CONTINUE WHEN need[i] IS NULL;
+        grow := least(w[i] / total_w * rate * elapsed,
+                      r.input_tokens_available - (g[1] + g[2] + g[3])
+                      - pgqueue.ratelimit_tier_reserve(r, tiers[i], need[i]));
+        IF grow > 0 THEN
+            g[i] := g[i] + grow;
+        END IF;
+    END LOOP;
+    r.guarantee_critical := g[1];
+    r.guarantee_standard := g[2];
+    r.guarantee_batch := g[3];
+    r.guarantees_at := greatest(now(), r.guarantees_at);
+    FOR i IN 1 .. 3 LOOP
+        CONTINUE WHEN need[i] IS NULL;
+        IF pgqueue.ratelimit_wait(r, tiers[i], p_needs[i], coalesce(p_output_needs[i], 0))
+               IN (0, 'Infinity'::double precision) THEN
+            picked := tiers[i];
+            EXIT;
+        END IF;
+    END LOOP;
+    PERFORM pgqueue.ratelimit_save(r);
+    RETURN picked;
 END
 $$;
 

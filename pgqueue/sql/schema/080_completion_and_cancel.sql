@@ -1,12 +1,12 @@
--- After the claim: the update trigger that keeps counters, the DRR inbox and usage in step
+-- After the claim: the update trigger that keeps counters and usage in step
 -- with every state change of a job (completion, retry, throttle, rescue, cancel), cancelling
 -- jobs (queued or running: a running job loses its lease, fencing off its worker), and an
 -- operator's retries of failed jobs (one, or in bulk).
 
 -- Changed rows: queued counters, then the usage of successes with token counts charged to
 -- their tenants' day and the budget rule (one upsert per tenant, in tenant order, so that
--- two batched completions cannot deadlock on usage rows). Jobs queued again reach the DRR
--- inbox through jobs_drr_requeue (070_claim.sql).
+-- two batched completions cannot deadlock on usage rows). Jobs queued again lose their DRR
+-- key through jobs_unstamp (070_scheduler.sql).
 CREATE OR REPLACE FUNCTION pgqueue.jobs_after_update() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -16,17 +16,6 @@ DECLARE
     deltas bigint[];
     t text;
 BEGIN
-    -- A claim's batch write (drr_dispatch) counted its rows itself, and none succeeded: nothing
-    -- to do (revision 0017). The mark names the claim's transaction, so a value left in the
-    -- session (SET, ALTER ROLE) or by another transaction never switches counting off; and it
-    -- is honoured only for a session that may write pgqueue.jobs itself (a worker: it could
-    -- write the counters anyway). Found by a hostile tester (issue 32): a producer set it by
-    -- hand (set_config(..., pg_current_xact_id()::text, true)) before cancel_queued, and the
-    -- cancelled jobs stayed counted, filling the tier's cap for every tenant.
-    IF current_setting('pgqueue.claim_counted', true) = pg_current_xact_id()::text
-       AND pgqueue.session_writes_jobs() THEN
-        RETURN NULL;
-    END IF;
     SELECT array_agg(g.tier), array_agg(g.tenant_id), array_agg(g.n)
     INTO tiers, tenants, deltas
     FROM (SELECT d.priority AS tier, d.tenant_id, sum(d.delta)::bigint AS n
@@ -131,7 +120,7 @@ AS $$
 -- before), or the state it had already finished in ('succeeded' or 'failed'), unchanged.
 -- A running job loses its lease: its worker's outcome write is fenced off (dropped), and the
 -- worker stops its handler at its next heartbeat. The counters (queue_counts) follow through
--- jobs_after_update; a DRR pair left without queued jobs leaves the round at its turn.
+-- jobs_after_update.
 -- With `tenant_id`, only that tenant's job; a session confined to a tenant
 -- (pgqueue.session_tenant_scope: its role's, or the one it sets) only ever reaches that
 -- tenant's jobs, and a session that may not write pgqueue.jobs itself (a producer:

@@ -24,14 +24,26 @@ LEFT JOIN (
 ) q ON q.priority = t.tier
 ORDER BY t.tier;
 
--- The DRR-weighted order: (tier, round, tenant, job, cost) the next claims would take on a
--- quiet system; round 0 is the round in progress in that tier. Shows the next
--- pgqueue.claim_order_rows (GUC, default 100) dispatches; pgqueue.claim_preview(n) for more.
+-- The fair order (070_scheduler.sql): per lane and tier, highest tier first, the stamped
+-- queued jobs in key order up to the frontier (past it, a later fold may stamp jobs with
+-- smaller keys), then the due jobs no claim has stamped yet (round, place and seq NULL: the
+-- next fold places them). Round 0 is the cursor's (the round of the last job claimed). Within
+-- a lane and tier the claims take the stamped ones in this order; across lanes and tiers, see
+-- pgqueue.claim_lanes.
 CREATE VIEW pgqueue.claim_order AS
-SELECT p.seq, p.tier, p.round, p.tenant_id, p.job_id, p.cost
-FROM pgqueue.claim_preview(
-    coalesce(nullif(current_setting('pgqueue.claim_order_rows', true), '')::integer, 100)) p
-ORDER BY p.seq;
+SELECT j.lane, j.priority AS tier, j.tenant_id, j.id AS job_id, j.cost,
+       j.key_round - coalesce(c.key_round, 0) AS round, j.key_place AS place, j.key_seq AS seq
+FROM pgqueue.jobs j
+LEFT JOIN pgqueue.lane_tiers l ON l.lane = j.lane AND l.tier = j.priority
+LEFT JOIN LATERAL (SELECT x.key_round FROM pgqueue.cursors x
+                   WHERE x.lane = j.lane AND x.tier = j.priority
+                   ORDER BY x.key_round DESC LIMIT 1) c ON true
+WHERE j.state = 'queued'
+  AND CASE WHEN j.key_round IS NULL THEN j.run_at <= now()
+           ELSE l.frontier_round IS NULL OR (j.key_round, j.key_place, j.key_seq)
+                                            <= (l.frontier_round, l.frontier_place, l.frontier_seq)
+      END
+ORDER BY j.priority, j.lane, j.key_round NULLS LAST, j.key_place, j.key_seq, j.run_at, j.id;
 
 -- Per tenant and tier, over the last `service_window`: jobs and cost units served (claimed),
 -- queued now, the tenant's quantum (its DRR weight), and whether it was backlogged in the
@@ -207,7 +219,9 @@ FROM (VALUES ('5m', interval '5 minutes'), ('1h', interval '1 hour'),
              ('24h', interval '24 hours')) AS w(window_name, slo_window)
 CROSS JOIN LATERAL pgqueue.latency_slo_in(w.slo_window) s;
 
--- Per model: limits, levels refilled to now, cooldown, estimate ratio (read-only).
+-- Per model: limits, levels refilled to now, cooldown, estimate ratio, and the input tokens
+-- each tier's guarantee held at the last pick (guarantees_at), with the tiers then backlogged
+-- (read-only).
 CREATE VIEW pgqueue.rate_limit_state AS
 SELECT l.model, l.requests_per_minute, l.input_tokens_per_minute, l.output_tokens_per_minute,
        least(l.requests_per_minute, l.requests_available
@@ -220,7 +234,9 @@ SELECT l.model, l.requests_per_minute, l.input_tokens_per_minute, l.output_token
              + greatest(0, extract(epoch FROM now() - l.refreshed_at)) * l.output_tokens_per_minute / 60.0)
            AS output_tokens_available,
        coalesce(l.cooldown_until > now(), false) AS cooling_down,
-       l.cooldown_until, l.input_estimate_ratio, l.limits_from_headers
+       l.cooldown_until, l.input_estimate_ratio, l.limits_from_headers,
+       l.guarantee_critical, l.guarantee_standard, l.guarantee_batch, l.guarantees_at,
+       l.tiers_backlogged
 FROM pgqueue.rate_limits l;
 
 -- Per tier: queued jobs (from the counters, no scan of jobs), the caps and policy, and the

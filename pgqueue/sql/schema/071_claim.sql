@@ -1,0 +1,303 @@
+-- The claim entry points workers call: pgqueue.claim (the fair order alone) and
+-- pgqueue.claim_admitted (only jobs the provider's limits let through now). Both take from
+-- every lane with due work (pgqueue.claim_lanes), in each lane and tier in key order
+-- (070_scheduler.sql). No lock is shared across claimers. docs/drr.md explains the design.
+
+-- The tier-pick policy: GUC pgqueue.tier_policy (weighted | probabilistic | strict).
+CREATE OR REPLACE FUNCTION pgqueue.tier_policy()
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    name text := lower(btrim(coalesce(
+        nullif(current_setting('pgqueue.tier_policy', true), ''), 'weighted')));
+BEGIN
+    IF name NOT IN ('weighted', 'probabilistic', 'strict') THEN
+        RAISE EXCEPTION 'unknown tier policy %; expected weighted, probabilistic or strict',
+            quote_literal(name) USING ERRCODE = 'PQ009';
+    END IF;
+    RETURN name;
+END
+$$;
+
+-- A tier's weight under the weighted policy: GUC pgqueue.tier_weight_<tier>, else 70/25/5.
+CREATE OR REPLACE FUNCTION pgqueue.tier_weight(p_tier pgqueue.tier)
+RETURNS double precision
+LANGUAGE sql STABLE
+AS $$
+    SELECT pgqueue.setting('tier_weight_' || p_tier::text,
+                           CASE p_tier WHEN 'critical' THEN 70 WHEN 'standard' THEN 25 ELSE 5 END)
+$$;
+
+-- The lanes and tiers with unstamped due jobs (skip scans: one probe per pair).
+CREATE OR REPLACE FUNCTION pgqueue.lane_tiers_unstamped()
+RETURNS TABLE(lane text, tier pgqueue.tier)
+LANGUAGE sql STABLE
+AS $$
+    WITH RECURSIVE s(lane, tier) AS (
+        (SELECT j.lane, j.priority FROM pgqueue.jobs j
+         WHERE j.state = 'queued' AND j.key_round IS NULL ORDER BY j.lane, j.priority LIMIT 1)
+        UNION ALL
+        SELECT n.lane, n.priority FROM s, LATERAL (
+            SELECT j.lane, j.priority FROM pgqueue.jobs j
+            WHERE j.state = 'queued' AND j.key_round IS NULL
+              AND (j.lane, j.priority) > (s.lane, s.tier)
+            ORDER BY j.lane, j.priority LIMIT 1) n
+    )
+    SELECT s.lane, s.tier FROM s
+    WHERE EXISTS (SELECT FROM pgqueue.jobs j
+                  WHERE j.lane = s.lane AND j.priority = s.tier AND j.state = 'queued'
+                    AND j.key_round IS NULL AND j.run_at <= now())
+$$;
+
+-- The lanes and tiers with stamped jobs, and the head job of each in key order.
+CREATE OR REPLACE FUNCTION pgqueue.lane_tiers_stamped()
+RETURNS TABLE(lane text, tier pgqueue.tier, id bigint, kind text, model text)
+LANGUAGE sql STABLE
+AS $$
+    WITH RECURSIVE s(lane, tier, id, kind, model) AS (
+        (SELECT j.lane, j.priority, j.id, j.kind, j.model FROM pgqueue.jobs j
+         WHERE j.state = 'queued' AND j.key_round IS NOT NULL
+         ORDER BY j.lane, j.priority, j.key_round, j.key_place, j.key_seq LIMIT 1)
+        UNION ALL
+        SELECT n.* FROM s, LATERAL (
+            SELECT j.lane, j.priority, j.id, j.kind, j.model FROM pgqueue.jobs j
+            WHERE j.state = 'queued' AND j.key_round IS NOT NULL
+              AND (j.lane, j.priority) > (s.lane, s.tier)
+            ORDER BY j.lane, j.priority, j.key_round, j.key_place, j.key_seq LIMIT 1) n
+    )
+    SELECT * FROM s
+$$;
+
+-- Whether the horizon left due jobs of this lane and tier unstamped (claims stop at its
+-- frontier until a fold goes on): the tier is still backlogged.
+CREATE OR REPLACE FUNCTION pgqueue.lane_tier_cut(p_lane text, p_tier pgqueue.tier)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT EXISTS (SELECT FROM pgqueue.lane_tiers l
+                   WHERE l.lane = p_lane AND l.tier = p_tier AND l.frontier_round IS NOT NULL)
+$$;
+
+-- Whether a claimed job goes to the batches lane (docs/batches.md) instead of the Messages
+-- API: a batch-tier anthropic.messages job of a tenant whose lane is on (its own batch_lane
+-- row, else the '' row, else off), unless one of its requests already expired in a batch
+-- (then it goes to the Messages API). Such a job takes nothing from the provider limiter.
+CREATE OR REPLACE FUNCTION pgqueue.batch_lane_takes(job_id bigint, tenant_id text,
+                                                    priority pgqueue.tier, kind text)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT batch_lane_takes.priority = 'batch' AND batch_lane_takes.kind = 'anthropic.messages'
+       AND coalesce((SELECT l.enabled FROM pgqueue.batch_lane l
+                     WHERE l.tenant_id = batch_lane_takes.tenant_id),
+                    (SELECT l.enabled FROM pgqueue.batch_lane l WHERE l.tenant_id = ''),
+                    false)
+       AND NOT EXISTS (SELECT 1 FROM pgqueue.batch_jobs b
+                       WHERE b.job_id = batch_lane_takes.job_id
+                         AND b.tenant_id = batch_lane_takes.tenant_id
+                         AND b.outcome = 'expired')
+$$;
+
+-- How many of `n` slots each of a lane's backlogged tiers (`tiers`, highest first) gets, by
+-- pgqueue.tier_policy(): strict gives them all to the first; weighted draws each slot's tier
+-- at random by weight (pgqueue.tier_weight), so no row is written to keep the shares: in
+-- expectation each tier gets its weight's share of the slots; probabilistic takes critical
+-- with probability 0.9 when it is backlogged, else standard:batch 25:5 (the article's rule).
+CREATE OR REPLACE FUNCTION pgqueue.tier_slots(tiers pgqueue.tier[], n integer)
+RETURNS integer[]
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    policy constant text := pgqueue.tier_policy();
+    weights double precision[] := ARRAY(SELECT pgqueue.tier_weight(t) FROM unnest(tiers) t);
+    slots integer[] := array_fill(0, ARRAY[cardinality(tiers)]);
+    total double precision := (SELECT sum(w) FROM unnest(weights) w);
+    x double precision;
+    i integer;
+BEGIN
+    IF policy = 'strict' THEN
+        slots[1] := n;
+        RETURN slots;
+    END IF;
+    FOR k IN 1 .. n LOOP
+        i := 1;
+        IF policy = 'weighted' THEN
+            x := random() * total;
+            WHILE i < cardinality(tiers) AND x >= weights[i] LOOP
+                x := x - weights[i];
+                i := i + 1;
+            END LOOP;
+        ELSIF tiers[1] <> 'critical' OR random() >= 0.9 THEN
+            i := coalesce(CASE WHEN random() * 30 < 25
+                               THEN array_position(tiers, 'standard')
+                               ELSE array_position(tiers, 'batch') END,
+                          array_position(tiers, 'standard'), array_position(tiers, 'batch'), 1);
+        END IF;
+        slots[i] := slots[i] + 1;
+    END LOOP;
+    RETURN slots;
+END
+$$;
+
+-- Claim up to p_max jobs over every lane, leased to p_worker. Each lane and tier with due
+-- unstamped jobs is folded (if no one else is folding it), then the lanes are served in the
+-- order of the highest tier each has, then of that tier's head job's arrival (LaneScheduler of
+-- pgqueue.scheduling.lanes). A lane's slots go to its tiers by pgqueue.tier_slots, then what
+-- a tier could not fill to the others in priority order (work-conserving). With p_admit, a
+-- rate-limited lane (Messages API jobs of a model; the batches lane's jobs take nothing) goes
+-- one job at a time: under the weighted policy the tiers share the model's input-token bucket
+-- (ratelimit_pick_tier, the rule of pgqueue.scheduling.capacity.TierShares), else the highest
+-- tier goes first; the job's request and tokens are taken from the model's buckets
+-- (pgqueue.ratelimit_try_take); a lane in cooldown or out of tokens stops there and holds
+-- back no other lane. A lane and tier whose claims reached its frontier (the
+-- horizon left jobs unstamped) is folded again in another pass. Rows: the jobs, then, when a
+-- lane was stopped and fewer than p_max were claimed, one row with a NULL job and the seconds
+-- until the soonest stopped lane frees up.
+CREATE OR REPLACE FUNCTION pgqueue.claim_lanes(p_max integer, p_worker text,
+                                               p_lease double precision, p_admit boolean)
+RETURNS TABLE(job pgqueue.jobs, blocked_seconds double precision)
+LANGUAGE plpgsql
+SET jit TO 'off'
+AS $$
+DECLARE
+    got integer := 0;
+    got_before integer;
+    n integer;
+    k integer;
+    again boolean;
+    blocked double precision;
+    wait double precision;
+    lane record;
+    t pgqueue.tier;
+    j pgqueue.jobs;
+    slots integer[];
+    all_tiers constant pgqueue.tier[] := enum_range(NULL::pgqueue.tier);
+    heads pgqueue.jobs[];
+    needs double precision[];
+    outs double precision[];
+    policy text;
+BEGIN
+    IF coalesce(p_max, 0) <= 0 THEN
+        RETURN;
+    END IF;
+    policy := pgqueue.tier_policy();  -- an unknown policy is refused even on an empty queue
+    LOOP
+        again := false;
+        got_before := got;
+        PERFORM pgqueue.fold(u.lane, u.tier) FROM pgqueue.lane_tiers_unstamped() u;
+        FOR lane IN
+            SELECT h.lane, array_agg(h.tier ORDER BY h.tier) AS tiers,
+                   bool_or(h.kind = 'anthropic.messages' AND h.model IS NOT NULL) AS limited
+            FROM pgqueue.lane_tiers_stamped() h
+            GROUP BY h.lane
+            ORDER BY min(h.tier), (array_agg(h.id ORDER BY h.tier))[1], h.lane
+        LOOP
+            EXIT WHEN got >= p_max;
+            IF p_admit AND lane.limited THEN
+                LOOP
+                    EXIT WHEN got >= p_max;
+                    -- Each backlogged tier's head, and what it needs from the model's buckets
+                    -- (NULL: a batches-lane job, which takes nothing).
+                    heads := '{}';
+                    needs := '{NULL,NULL,NULL}';
+                    outs := '{NULL,NULL,NULL}';
+                    FOREACH t IN ARRAY lane.tiers LOOP
+                        j := pgqueue.lane_head(lane.lane, t);
+                        IF j.id IS NULL THEN
+                            again := again OR pgqueue.lane_tier_cut(lane.lane, t);
+                            CONTINUE;
+                        END IF;
+                        k := array_position(all_tiers, t);
+                        heads[k] := j;
+                        IF NOT pgqueue.batch_lane_takes(j.id, j.tenant_id, j.priority, j.kind) THEN
+                            needs[k] := j.est_input_tokens;
+                            outs[k] := j.max_output_tokens;
+                        END IF;
+                    END LOOP;
+                    -- The tier to send: a head that takes nothing goes first; else, under the
+                    -- weighted policy, the tiers share the bucket (ratelimit_pick_tier:
+                    -- guarantees and the trunk reserve), else the highest tier goes first.
+                    k := (SELECT min(x) FROM generate_series(1, 3) x
+                          WHERE (heads[x]).id IS NOT NULL AND needs[x] IS NULL);
+                    IF k IS NULL AND policy = 'weighted' THEN
+                        k := array_position(all_tiers,
+                                            pgqueue.ratelimit_pick_tier(lane.lane, needs, outs));
+                    END IF;
+                    wait := 0;
+                    IF k IS NULL THEN  -- none fits now (weighted), or strict order: the highest
+                        k := (SELECT min(x) FROM generate_series(1, 3) x
+                              WHERE needs[x] IS NOT NULL);
+                        EXIT WHEN k IS NULL;
+                    END IF;
+                    IF needs[k] IS NOT NULL THEN  -- 'Infinity': larger than a bucket, let through
+                        wait := pgqueue.ratelimit_try_take(lane.lane, needs[k], outs[k],
+                                                           CASE WHEN policy = 'weighted'
+                                                                THEN all_tiers[k] END);
+                    END IF;
+                    IF wait > 0 AND wait < 'Infinity'::double precision THEN
+                        blocked := least(coalesce(blocked, wait), wait);
+                        EXIT;
+                    END IF;
+                    RETURN QUERY SELECT c, NULL::double precision
+                                 FROM pgqueue.claim_keyed(lane.lane, all_tiers[k], 1, p_worker,
+                                                          p_lease, (heads[k]).id) c;
+                    got := got + 1;
+                END LOOP;
+                CONTINUE;
+            END IF;
+            slots := pgqueue.tier_slots(lane.tiers, p_max - got);
+            <<tiers>>
+            FOR pass IN 1 .. 2 LOOP
+                FOR i IN 1 .. cardinality(lane.tiers) LOOP
+                    t := lane.tiers[i];
+                    n := CASE WHEN pass = 1 THEN slots[i] ELSE p_max - got END;
+                    CONTINUE WHEN n <= 0;
+                    RETURN QUERY SELECT c, NULL::double precision
+                                 FROM pgqueue.claim_keyed(lane.lane, t, n, p_worker, p_lease) c;
+                    GET DIAGNOSTICS k = ROW_COUNT;
+                    got := got + k;
+                    IF k < n AND pgqueue.lane_tier_cut(lane.lane, t) THEN
+                        again := true;  -- fold it again before a lower tier goes
+                        EXIT tiers;
+                    END IF;
+                END LOOP;
+            END LOOP;
+        END LOOP;
+        EXIT WHEN NOT again OR got >= p_max OR got = got_before;
+    END LOOP;
+    IF blocked IS NOT NULL AND got < p_max THEN
+        RETURN QUERY SELECT NULL::pgqueue.jobs, blocked;
+    END IF;
+END
+$$;
+
+-- Claim up to max_jobs jobs in the fair order, leased to worker_id (no provider limiter).
+CREATE OR REPLACE FUNCTION pgqueue.claim(max_jobs integer, worker_id text,
+                                         lease_seconds double precision)
+RETURNS SETOF pgqueue.jobs
+LANGUAGE sql
+AS $$
+    SELECT (c.job).* FROM pgqueue.claim_lanes(max_jobs, worker_id, lease_seconds, false) c
+    WHERE (c.job).id IS NOT NULL
+$$;
+
+-- The claim behind admission control by the provider's limits ("claim only when the job can
+-- be sent now"): pgqueue.claim_lanes with the limiter. The claim's commit does not wait for
+-- its WAL flush (job_claim_durable makes the handed-out claims durable): a claim lost in a
+-- crash only leaves its jobs queued, to be claimed again (every completion is fenced by the
+-- lease token).
+CREATE OR REPLACE FUNCTION pgqueue.claim_admitted(
+    max_jobs integer,
+    worker_id text,
+    lease_seconds double precision
+)
+RETURNS TABLE(job pgqueue.jobs, blocked_seconds double precision)
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    RETURN QUERY SELECT c.job, c.blocked_seconds
+                 FROM pgqueue.claim_lanes(max_jobs, worker_id, lease_seconds, true) c;
+END
+$$;
