@@ -187,7 +187,7 @@ CREATE INDEX flows_cut_idx ON pgqueue.flows USING btree (lane, tier, last_round,
 
 -- The cursor of a lane and tier (the key of the last claimed job): each claimer keeps the
 -- greatest key it claimed in a row of its own, so that no claimer waits on another; the
--- stamper reads the greatest. Rows of claimers gone for an hour are pruned by the stamper.
+-- stamper reads the greatest. Rows of claimers quiet for a minute and behind the cursor are pruned by the stamper.
 CREATE TABLE pgqueue.cursors (
     lane text NOT NULL,
     tier pgqueue.tier NOT NULL,
@@ -256,7 +256,7 @@ CREATE TABLE pgqueue.queue_counts (
 )
 WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='500');
 
-COMMENT ON COLUMN pgqueue.queue_counts.claim_stripe IS 'The key''s claim row (revision 0017): written only by claims, one at a time under the scheduler lock; producers and the compactor leave it alone';
+COMMENT ON COLUMN pgqueue.queue_counts.claim_stripe IS 'The key''s claim row (revision 0017): written only by the v1 claim, one at a time under its lock; scheduler v2 (revision 0042) writes none, and queue_counts_release_claims turns those left by v1 into ordinary rows';
 
 CREATE UNIQUE INDEX queue_counts_claim_key_idx ON pgqueue.queue_counts USING btree (tier, COALESCE(tenant_id, ''::text)) WHERE claim_stripe;
 

@@ -284,17 +284,15 @@ BEGIN
 END
 $$;
 
--- Turn the claims' own counter rows (claim_stripe) into ordinary rows for the compactor to
--- fold; under the scheduler's lock, so it waits for a claim under way.
+-- Turn the counter rows of v1's claims (claim_stripe) into ordinary rows for the compactor to
+-- fold. Scheduler v2 (revision 0042) writes no such rows: this only releases those that a
+-- database upgraded from v1 still holds, so it takes no lock (v1's advisory lock is gone).
 CREATE OR REPLACE FUNCTION pgqueue.queue_counts_release_claims() RETURNS integer
     LANGUAGE plpgsql
     AS $$
 DECLARE
     released integer;
 BEGIN
-    -- Under the scheduler's lock, so that no claim is writing its rows: the rows become
-    -- ordinary counter rows, which queue_counts_compact folds (revision 0017).
-    PERFORM pg_advisory_xact_lock(7310575183440224370);  -- 'pgq_drr!', drr_dispatch's
     UPDATE pgqueue.queue_counts c SET claim_stripe = false WHERE c.claim_stripe;
     GET DIAGNOSTICS released = ROW_COUNT;
     RETURN released;

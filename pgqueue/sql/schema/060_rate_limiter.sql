@@ -1,7 +1,7 @@
 -- The shared provider rate limiter: per model, token buckets for requests, input and output
 -- tokens, refilled by time and corrected from the anthropic-ratelimit-* headers; a cooldown
 -- after a 429 stops every worker from sending to that model until it ends. The claim takes
--- from these buckets (claim_admitted, 070_claim.sql), so it claims only what can be sent now.
+-- from these buckets (claim_lanes, 071_claim.sql), so it claims only what can be sent now.
 
 -- The row of a model, created on first use with the default limits (GUCs
 -- pgqueue.default_requests_per_minute 50, default_input_tokens_per_minute 40000,
@@ -192,10 +192,8 @@ DECLARE
     tiers pgqueue.tier[] := enum_range(NULL::pgqueue.tier);
     need double precision[];
     g double precision[] := ARRAY[r.guarantee_critical, r.guarantee_standard, r.guarantee_batch];
-    -- the tiers' weights (GUC pgqueue.tier_weight_<tier>, else 70, 25, 5)
-    w double precision[] := ARRAY[pgqueue.setting('tier_weight_critical', 70),
-                                  pgqueue.setting('tier_weight_standard', 25),
-                                  pgqueue.setting('tier_weight_batch', 5)];
+    w double precision[] := ARRAY(SELECT pgqueue.tier_weight(u.t)
+                                  FROM unnest(tiers) WITH ORDINALITY u(t, i) ORDER BY u.i);
     rate double precision := r.input_tokens_per_minute / 60.0;
     elapsed double precision := greatest(0, extract(epoch FROM now() - r.guarantees_at));
     total_w double precision := 0;
