@@ -541,9 +541,7 @@ def test_a_stamper_that_died_mid_fold_holds_nothing_back(conn, db_dsn):
     assert claim(conn, 5) == []  # the lock is taken: nothing stamped to claim, no wait
     # The timeout makes the call wait until the backend has gone (its lock with it); without
     # it, the next claim could still meet the dying backend's lock (a CI failure, 2026-12-03).
-    conn.execute(
-        "SELECT pg_terminate_backend(%s, timeout => 10000)", (stamper.info.backend_pid,)
-    )
+    conn.execute("SELECT pg_terminate_backend(%s, timeout => 10000)", (stamper.info.backend_pid,))
     conn.commit()
     stamper.close()
     assert [d.tenant_id for d in claim(conn, 5)] == ["a"]
