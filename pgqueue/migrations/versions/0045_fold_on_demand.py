@@ -4,6 +4,10 @@ to less than half the horizon, or the once-a-second look at every tenant due.
 ``claim_lanes`` folds a pair whose claim reaches its frontier there and then, and its claim
 goes on (no second pass over every lane).
 
+A claim commits without waiting for its WAL flush only when it took from a model's buckets
+(``claim_lanes`` sets it there; ``claim_admitted`` is a plain wrapper now): other claims
+are durable at their commit, and the worker skips ``job_claim_durable`` for them.
+
 Revision ID: 0045
 Revises: 0044
 """
@@ -75,6 +79,11 @@ BEGIN
     LOOP
         EXIT WHEN got >= p_max;
         IF p_admit AND lane.limited THEN
+            -- The model's bucket rows stay locked until the claim commits: a commit that does
+            -- not wait for its WAL flush frees them sooner (the worker makes such a claim
+            -- durable with job_claim_durable before its handlers start, seeing
+            -- synchronous_commit off). Other claims commit as usual, durable at once.
+            PERFORM set_config('synchronous_commit', 'off', true);
             LOOP
                 EXIT WHEN got >= p_max;
                 -- Each backlogged tier's head, and what it needs from the model's buckets
@@ -274,11 +283,45 @@ END
 $$;
 """
 
+CLAIM_ADMITTED = """\
+CREATE OR REPLACE FUNCTION pgqueue.claim_admitted(
+    max_jobs integer,
+    worker_id text,
+    lease_seconds double precision
+)
+RETURNS TABLE(job pgqueue.jobs, blocked_seconds double precision)
+LANGUAGE sql
+AS $$
+    SELECT c.job, c.blocked_seconds
+    FROM pgqueue.claim_lanes(max_jobs, worker_id, lease_seconds, true) c
+$$;
+"""
+
+CLAIM_ADMITTED_BEFORE = """\
+CREATE OR REPLACE FUNCTION pgqueue.claim_admitted(
+    max_jobs integer,
+    worker_id text,
+    lease_seconds double precision
+)
+RETURNS TABLE(job pgqueue.jobs, blocked_seconds double precision)
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    RETURN QUERY SELECT c.job, c.blocked_seconds
+                 FROM pgqueue.claim_lanes(max_jobs, worker_id, lease_seconds, true) c;
+END
+$$;
+"""
+
 
 def upgrade() -> None:
     op.execute(LANE_TIERS_TO_FOLD)
     op.execute(CLAIM_LANES)
+    op.execute(CLAIM_ADMITTED)
 
 
 def downgrade() -> None:
     op.execute(CLAIM_LANES_BEFORE)
+    op.execute(CLAIM_ADMITTED_BEFORE)
+    op.execute("DROP FUNCTION IF EXISTS pgqueue.lane_tiers_to_fold()")

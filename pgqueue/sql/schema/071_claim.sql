@@ -215,6 +215,11 @@ BEGIN
     LOOP
         EXIT WHEN got >= p_max;
         IF p_admit AND lane.limited THEN
+            -- The model's bucket rows stay locked until the claim commits: a commit that does
+            -- not wait for its WAL flush frees them sooner (the worker makes such a claim
+            -- durable with job_claim_durable before its handlers start, seeing
+            -- synchronous_commit off). Other claims commit as usual, durable at once.
+            PERFORM set_config('synchronous_commit', 'off', true);
             LOOP
                 EXIT WHEN got >= p_max;
                 -- Each backlogged tier's head, and what it needs from the model's buckets
@@ -304,21 +309,18 @@ AS $$
 $$;
 
 -- The claim behind admission control by the provider's limits ("claim only when the job can
--- be sent now"): pgqueue.claim_lanes with the limiter. The claim's commit does not wait for
--- its WAL flush (job_claim_durable makes the handed-out claims durable): a claim lost in a
--- crash only leaves its jobs queued, to be claimed again (every completion is fenced by the
--- lease token).
+-- be sent now"): pgqueue.claim_lanes with the limiter. A claim that took from a model's
+-- buckets commits without waiting for its WAL flush (claim_lanes): a claim lost in a crash
+-- only leaves its jobs queued, to be claimed again (every completion is fenced by the lease
+-- token), and the worker makes it durable before its handlers start (job_claim_durable).
 CREATE OR REPLACE FUNCTION pgqueue.claim_admitted(
     max_jobs integer,
     worker_id text,
     lease_seconds double precision
 )
 RETURNS TABLE(job pgqueue.jobs, blocked_seconds double precision)
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    PERFORM set_config('synchronous_commit', 'off', true);
-    RETURN QUERY SELECT c.job, c.blocked_seconds
-                 FROM pgqueue.claim_lanes(max_jobs, worker_id, lease_seconds, true) c;
-END
+LANGUAGE sql
+AS $$
+    SELECT c.job, c.blocked_seconds
+    FROM pgqueue.claim_lanes(max_jobs, worker_id, lease_seconds, true) c
 $$;
