@@ -401,7 +401,7 @@ class Worker:
             connection_wait_seconds=PRODUCER_RETRY_SECONDS,
         )
         first = next((row for row in rows if row["id"] is not None), None)
-        if first is not None:
+        if first is not None and not first["durable"]:
             await self._make_durable(first)
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
         metrics.CLAIMS.inc()

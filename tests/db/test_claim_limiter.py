@@ -101,3 +101,24 @@ def test_a_model_held_to_6_rpm_costs_another_model_nothing(db_dsn):
         models = [model for _, model in _jobs(rows)]
         assert models.count("slow") == 1 and models.count("fast") == 5
         assert len(_blocked(rows)) == 1 and 0 < _blocked(rows)[0] <= 10
+
+
+def test_only_a_claim_that_took_from_a_models_buckets_skips_its_wal_flush(db_dsn):
+    """A claim of Messages API jobs holds the model's bucket rows until it commits, so it
+    commits without waiting for its WAL flush and says so (`durable` false: the worker then
+    runs job_claim_durable); any other claim is durable at its commit, with no second
+    statement (that round trip and its flush cost a no-op claim half its time)."""
+    with psycopg.connect(db_dsn) as c:
+        pgqueue.enqueue_many(
+            c,
+            [JobSpec("A", "user_action", {}, kind=NOOP) for _ in range(3)]
+            + [JobSpec("B", "scheduled", _payload("m")) for _ in range(3)],
+        )
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        rows = _claim(c, 3)  # the critical no-op jobs first
+        assert _jobs(rows) == [("A", None)] * 3
+        assert all(r["durable"] for r in rows)
+        rows = _claim(c, 3)
+        assert _jobs(rows) == [("B", "m")] * 3
+        assert not any(r["durable"] for r in rows)
+        assert c.execute("SHOW synchronous_commit").fetchone() == ("on",)  # the claim's alone

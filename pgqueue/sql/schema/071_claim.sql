@@ -50,6 +50,31 @@ AS $$
                     AND j.key_round IS NULL AND j.run_at <= now())
 $$;
 
+-- The lanes and tiers a claim folds first: those with unstamped due jobs where a fold has
+-- work to do: no fold yet, jobs due since the last one, stamped work within the frontier down
+-- to less than half the horizon (pgqueue.stamp extends the flows it cut), or the fold's
+-- once-a-second look at every tenant is due. Otherwise the claim takes what is stamped: a
+-- fold on every claim cost more than the claim itself. A claim that reaches a frontier folds
+-- that pair on the spot (claim_lanes).
+CREATE OR REPLACE FUNCTION pgqueue.lane_tiers_to_fold()
+RETURNS TABLE(lane text, tier pgqueue.tier)
+LANGUAGE sql STABLE
+AS $$
+    SELECT u.lane, u.tier FROM pgqueue.lane_tiers_unstamped() u
+    LEFT JOIN pgqueue.lane_tiers l ON l.lane = u.lane AND l.tier = u.tier
+    WHERE l.lane IS NULL OR l.full_at < now() - interval '1 second'
+       OR (l.frontier_round IS NOT NULL
+           AND coalesce((SELECT j.key_round FROM pgqueue.jobs j
+                         WHERE j.lane = u.lane AND j.priority = u.tier AND j.state = 'queued'
+                           AND j.key_round IS NOT NULL
+                         ORDER BY j.key_round, j.key_place, j.key_seq LIMIT 1),
+                        l.frontier_round)
+               > l.frontier_round - pgqueue.setting('stamp_horizon_rounds', 4) / 2)
+       OR EXISTS (SELECT FROM pgqueue.jobs j
+                  WHERE j.lane = u.lane AND j.priority = u.tier AND j.state = 'queued'
+                    AND j.key_round IS NULL AND j.run_at >= l.folded_at AND j.run_at <= now())
+$$;
+
 -- The lanes and tiers with stamped jobs, and the head job of each in key order.
 CREATE OR REPLACE FUNCTION pgqueue.lane_tiers_stamped()
 RETURNS TABLE(lane text, tier pgqueue.tier, id bigint, kind text, model text)
@@ -140,8 +165,8 @@ BEGIN
 END
 $$;
 
--- Claim up to p_max jobs over every lane, leased to p_worker. Each lane and tier with due
--- unstamped jobs is folded (if no one else is folding it), then the lanes are served in the
+-- Claim up to p_max jobs over every lane, leased to p_worker. The lanes and tiers of
+-- pgqueue.lane_tiers_to_fold are folded (if no one else is folding them), then the lanes are served in the
 -- order of the highest tier each has, then of that tier's head job's arrival (LaneScheduler of
 -- pgqueue.scheduling.lanes). A lane's slots go to its tiers by pgqueue.tier_slots, then what
 -- a tier could not fill to the others in priority order (work-conserving). With p_admit, a
@@ -150,8 +175,8 @@ $$;
 -- (ratelimit_pick_tier, the rule of pgqueue.scheduling.capacity.TierShares), else the highest
 -- tier goes first; the job's request and tokens are taken from the model's buckets
 -- (pgqueue.ratelimit_try_take); a lane in cooldown or out of tokens stops there and holds
--- back no other lane. A lane and tier whose claims reached its frontier (the
--- horizon left jobs unstamped) is folded again in another pass. Rows: the jobs, then, when a
+-- back no other lane. A lane and tier whose claims reach its frontier (the horizon left jobs
+-- unstamped) is folded there and then, and its claim goes on. Rows: the jobs, then, when a
 -- lane was stopped and fewer than p_max were claimed, one row with a NULL job and the seconds
 -- until the soonest stopped lane frees up.
 CREATE OR REPLACE FUNCTION pgqueue.claim_lanes(p_max integer, p_worker text,
@@ -162,10 +187,8 @@ SET jit TO 'off'
 AS $$
 DECLARE
     got integer := 0;
-    got_before integer;
     n integer;
     k integer;
-    again boolean;
     blocked double precision;
     wait double precision;
     lane record;
@@ -182,89 +205,92 @@ BEGIN
         RETURN;
     END IF;
     policy := pgqueue.tier_policy();  -- an unknown policy is refused even on an empty queue
+    PERFORM pgqueue.fold(u.lane, u.tier) FROM pgqueue.lane_tiers_to_fold() u;
+    FOR lane IN
+        SELECT h.lane, array_agg(h.tier ORDER BY h.tier) AS tiers,
+               bool_or(h.kind = 'anthropic.messages' AND h.model IS NOT NULL) AS limited
+        FROM pgqueue.lane_tiers_stamped() h
+        GROUP BY h.lane
+        ORDER BY min(h.tier), (array_agg(h.id ORDER BY h.tier))[1], h.lane
     LOOP
-        again := false;
-        got_before := got;
-        PERFORM pgqueue.fold(u.lane, u.tier) FROM pgqueue.lane_tiers_unstamped() u;
-        FOR lane IN
-            SELECT h.lane, array_agg(h.tier ORDER BY h.tier) AS tiers,
-                   bool_or(h.kind = 'anthropic.messages' AND h.model IS NOT NULL) AS limited
-            FROM pgqueue.lane_tiers_stamped() h
-            GROUP BY h.lane
-            ORDER BY min(h.tier), (array_agg(h.id ORDER BY h.tier))[1], h.lane
-        LOOP
-            EXIT WHEN got >= p_max;
-            IF p_admit AND lane.limited THEN
-                LOOP
-                    EXIT WHEN got >= p_max;
-                    -- Each backlogged tier's head, and what it needs from the model's buckets
-                    -- (NULL: a batches-lane job, which takes nothing).
-                    heads := '{}';
-                    needs := '{NULL,NULL,NULL}';
-                    outs := '{NULL,NULL,NULL}';
-                    FOREACH t IN ARRAY lane.tiers LOOP
+        EXIT WHEN got >= p_max;
+        IF p_admit AND lane.limited THEN
+            -- The model's bucket rows stay locked until the claim commits: a commit that does
+            -- not wait for its WAL flush frees them sooner (the worker makes such a claim
+            -- durable with job_claim_durable before its handlers start, seeing
+            -- synchronous_commit off). Other claims commit as usual, durable at once.
+            PERFORM set_config('synchronous_commit', 'off', true);
+            LOOP
+                EXIT WHEN got >= p_max;
+                -- Each backlogged tier's head, and what it needs from the model's buckets
+                -- (NULL: a batches-lane job, which takes nothing).
+                heads := '{}';
+                needs := '{NULL,NULL,NULL}';
+                outs := '{NULL,NULL,NULL}';
+                FOREACH t IN ARRAY lane.tiers LOOP
+                    j := pgqueue.lane_head(lane.lane, t);
+                    IF j.id IS NULL AND pgqueue.lane_tier_cut(lane.lane, t)
+                       AND pgqueue.fold(lane.lane, t) > 0 THEN  -- at the frontier: go on
                         j := pgqueue.lane_head(lane.lane, t);
-                        IF j.id IS NULL THEN
-                            again := again OR pgqueue.lane_tier_cut(lane.lane, t);
-                            CONTINUE;
-                        END IF;
-                        k := array_position(all_tiers, t);
-                        heads[k] := j;
-                        IF NOT pgqueue.batch_lane_takes(j.id, j.tenant_id, j.priority, j.kind) THEN
-                            needs[k] := j.est_input_tokens;
-                            outs[k] := j.max_output_tokens;
-                        END IF;
-                    END LOOP;
-                    -- The tier to send: a head that takes nothing goes first; else, under the
-                    -- weighted policy, the tiers share the bucket (ratelimit_pick_tier:
-                    -- guarantees and the trunk reserve), else the highest tier goes first.
-                    k := (SELECT min(x) FROM generate_series(1, 3) x
-                          WHERE (heads[x]).id IS NOT NULL AND needs[x] IS NULL);
-                    IF k IS NULL AND policy = 'weighted' THEN
-                        k := array_position(all_tiers,
-                                            pgqueue.ratelimit_pick_tier(lane.lane, needs, outs));
                     END IF;
-                    wait := 0;
-                    IF k IS NULL THEN  -- none fits now (weighted), or strict order: the highest
-                        k := (SELECT min(x) FROM generate_series(1, 3) x
-                              WHERE needs[x] IS NOT NULL);
-                        EXIT WHEN k IS NULL;
+                    CONTINUE WHEN j.id IS NULL;
+                    k := array_position(all_tiers, t);
+                    heads[k] := j;
+                    IF NOT pgqueue.batch_lane_takes(j.id, j.tenant_id, j.priority, j.kind) THEN
+                        needs[k] := j.est_input_tokens;
+                        outs[k] := j.max_output_tokens;
                     END IF;
-                    IF needs[k] IS NOT NULL THEN  -- 'Infinity': larger than a bucket, let through
-                        wait := pgqueue.ratelimit_try_take(lane.lane, needs[k], outs[k],
-                                                           CASE WHEN policy = 'weighted'
-                                                                THEN all_tiers[k] END);
-                    END IF;
-                    IF wait > 0 AND wait < 'Infinity'::double precision THEN
-                        blocked := least(coalesce(blocked, wait), wait);
-                        EXIT;
-                    END IF;
-                    RETURN QUERY SELECT c, NULL::double precision
-                                 FROM pgqueue.claim_keyed(lane.lane, all_tiers[k], 1, p_worker,
-                                                          p_lease, (heads[k]).id) c;
-                    got := got + 1;
                 END LOOP;
-                CONTINUE;
-            END IF;
-            slots := pgqueue.tier_slots(lane.tiers, p_max - got);
-            <<tiers>>
-            FOR pass IN 1 .. 2 LOOP
-                FOR i IN 1 .. cardinality(lane.tiers) LOOP
-                    t := lane.tiers[i];
-                    n := CASE WHEN pass = 1 THEN slots[i] ELSE p_max - got END;
-                    CONTINUE WHEN n <= 0;
+                -- The tier to send: a head that takes nothing goes first; else, under the
+                -- weighted policy, the tiers share the bucket (ratelimit_pick_tier:
+                -- guarantees and the trunk reserve), else the highest tier goes first.
+                k := (SELECT min(x) FROM generate_series(1, 3) x
+                      WHERE (heads[x]).id IS NOT NULL AND needs[x] IS NULL);
+                IF k IS NULL AND policy = 'weighted' THEN
+                    k := array_position(all_tiers,
+                                        pgqueue.ratelimit_pick_tier(lane.lane, needs, outs));
+                END IF;
+                wait := 0;
+                IF k IS NULL THEN  -- none fits now (weighted), or strict order: the highest
+                    k := (SELECT min(x) FROM generate_series(1, 3) x WHERE needs[x] IS NOT NULL);
+                    EXIT WHEN k IS NULL;
+                END IF;
+                IF needs[k] IS NOT NULL THEN  -- 'Infinity': larger than a bucket, let through
+                    wait := pgqueue.ratelimit_try_take(lane.lane, needs[k], outs[k],
+                                                       CASE WHEN policy = 'weighted'
+                                                            THEN all_tiers[k] END);
+                END IF;
+                IF wait > 0 AND wait < 'Infinity'::double precision THEN
+                    blocked := least(coalesce(blocked, wait), wait);
+                    EXIT;
+                END IF;
+                RETURN QUERY SELECT c, NULL::double precision
+                             FROM pgqueue.claim_keyed(lane.lane, all_tiers[k], 1, p_worker,
+                                                      p_lease, (heads[k]).id) c;
+                got := got + 1;
+            END LOOP;
+            CONTINUE;
+        END IF;
+        slots := pgqueue.tier_slots(lane.tiers, p_max - got);
+        FOR pass IN 1 .. 2 LOOP
+            FOR i IN 1 .. cardinality(lane.tiers) LOOP
+                t := lane.tiers[i];
+                n := CASE WHEN pass = 1 THEN slots[i] ELSE p_max - got END;
+                CONTINUE WHEN n <= 0;
+                RETURN QUERY SELECT c, NULL::double precision
+                             FROM pgqueue.claim_keyed(lane.lane, t, n, p_worker, p_lease) c;
+                GET DIAGNOSTICS k = ROW_COUNT;
+                got := got + k;
+                IF k < n AND pgqueue.lane_tier_cut(lane.lane, t)
+                   AND pgqueue.fold(lane.lane, t) > 0 THEN  -- at the frontier: go on
                     RETURN QUERY SELECT c, NULL::double precision
-                                 FROM pgqueue.claim_keyed(lane.lane, t, n, p_worker, p_lease) c;
+                                 FROM pgqueue.claim_keyed(lane.lane, t, n - k, p_worker,
+                                                          p_lease) c;
                     GET DIAGNOSTICS k = ROW_COUNT;
                     got := got + k;
-                    IF k < n AND pgqueue.lane_tier_cut(lane.lane, t) THEN
-                        again := true;  -- fold it again before a lower tier goes
-                        EXIT tiers;
-                    END IF;
-                END LOOP;
+                END IF;
             END LOOP;
         END LOOP;
-        EXIT WHEN NOT again OR got >= p_max OR got = got_before;
     END LOOP;
     IF blocked IS NOT NULL AND got < p_max THEN
         RETURN QUERY SELECT NULL::pgqueue.jobs, blocked;
@@ -283,21 +309,18 @@ AS $$
 $$;
 
 -- The claim behind admission control by the provider's limits ("claim only when the job can
--- be sent now"): pgqueue.claim_lanes with the limiter. The claim's commit does not wait for
--- its WAL flush (job_claim_durable makes the handed-out claims durable): a claim lost in a
--- crash only leaves its jobs queued, to be claimed again (every completion is fenced by the
--- lease token).
+-- be sent now"): pgqueue.claim_lanes with the limiter. A claim that took from a model's
+-- buckets commits without waiting for its WAL flush (claim_lanes): a claim lost in a crash
+-- only leaves its jobs queued, to be claimed again (every completion is fenced by the lease
+-- token), and the worker makes it durable before its handlers start (job_claim_durable).
 CREATE OR REPLACE FUNCTION pgqueue.claim_admitted(
     max_jobs integer,
     worker_id text,
     lease_seconds double precision
 )
 RETURNS TABLE(job pgqueue.jobs, blocked_seconds double precision)
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    PERFORM set_config('synchronous_commit', 'off', true);
-    RETURN QUERY SELECT c.job, c.blocked_seconds
-                 FROM pgqueue.claim_lanes(max_jobs, worker_id, lease_seconds, true) c;
-END
+LANGUAGE sql
+AS $$
+    SELECT c.job, c.blocked_seconds
+    FROM pgqueue.claim_lanes(max_jobs, worker_id, lease_seconds, true) c
 $$;
