@@ -27,6 +27,7 @@ import sqlalchemy.exc
 import typer
 from rich.console import Console, ConsoleDimensions
 
+from pgqueue.cli.typer_help import flags_show_no_type
 from pgqueue.errors import (
     AdmissionError,
     InvalidArgument,
@@ -36,6 +37,7 @@ from pgqueue.errors import (
 )
 from pgqueue.settings import Settings, load_settings
 
+flags_show_no_type()
 app = typer.Typer(
     help="pgqueue: a Postgres-native job queue for rate-limited LLM APIs.",
     no_args_is_help=True,
