@@ -27,6 +27,7 @@ import sqlalchemy.exc
 import typer
 from rich.console import Console, ConsoleDimensions
 
+from pgqueue.cli.typer_help import flags_show_no_type
 from pgqueue.errors import (
     AdmissionError,
     InvalidArgument,
@@ -36,6 +37,7 @@ from pgqueue.errors import (
 )
 from pgqueue.settings import Settings, load_settings
 
+flags_show_no_type()
 app = typer.Typer(
     help="pgqueue: a Postgres-native job queue for rate-limited LLM APIs.",
     no_args_is_help=True,
@@ -110,11 +112,31 @@ _INT64_MAX = 2**63 - 1
 #: Jobs in flight per worker at most (Settings.concurrency, PGQUEUE_CONCURRENCY, takes the same);
 #: the claim functions take an integer.
 MAX_CONCURRENCY = 10_000
-#: The addresses that keep a server on this machine (`dashboard`, `metrics`: others warn).
+#: The addresses that keep a server on this machine (`dashboard`, `metrics`, `work
+#: --metrics-host`: others warn).
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 #: The largest number of seconds an option takes (~31.7 years): time.sleep and Event.wait
 #: overflow past ~9.2e9 s, and now() minus more than ~2e11 s leaves Postgres' timestamps.
 _MAX_SECONDS = 1e9
+
+
+def check_can_listen(host: str, port: int) -> None:
+    """Raise :class:`InvalidArgument` unless a server can listen on ``host``:``port`` now.
+
+    Found by a tester: with the port taken, or a host that does not resolve, the sandbox
+    printed its address, then uvicorn's error, and exited 3.
+    """
+    import socket
+
+    try:
+        family, kind, proto, _name, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+            probe.bind(address)
+    except OSError as exc:  # socket.gaierror is one
+        raise InvalidArgument(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 def _say(kind: str, message: str) -> None:

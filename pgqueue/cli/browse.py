@@ -21,6 +21,7 @@ from pgqueue.cli import (
     _dsn,
     _settings,
     app,
+    check_can_listen,
     cli_errors,
     console,
     err_console,
@@ -168,7 +169,6 @@ def dashboard(
     dsn: DsnOption = None,
 ) -> None:
     """Serve the web dashboard: overview, tenants, schedule, jobs; actions with the token."""
-    from pgqueue.cli.run import check_can_listen
     from pgqueue.dashboard.app import DashboardConfig
     from pgqueue.dashboard.server import serve
     from pgqueue.db import queries

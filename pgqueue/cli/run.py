@@ -22,6 +22,7 @@ from pgqueue.cli import (
     _dsn,
     _settings,
     app,
+    check_can_listen,
     cli_errors,
     console,
     err_console,
@@ -64,6 +65,13 @@ def work(
         int | None,
         typer.Option(help="Serve this worker's pgqueue_* metrics on this port (1 to 65535)."),
     ] = None,
+    metrics_host: Annotated[
+        str,
+        typer.Option(
+            help="Address of --metrics-port; 127.0.0.1 keeps it on this machine, 0.0.0.0 lets "
+            "a Prometheus on another host (or container) scrape it."
+        ),
+    ] = "127.0.0.1",
     claim_batch: Annotated[
         int | None,
         typer.Option(
@@ -83,13 +91,14 @@ def work(
     settings = _settings(poll_interval_seconds=poll_interval, claim_batch_max=claim_batch)
     target = _dsn(settings, dsn)
     registry = load_app(app_spec) if app_spec else Registry()
-    if metrics_port is not None:
-        check_can_listen("0.0.0.0", metrics_port)
+    if metrics_port is not None:  # 127.0.0.1 by default, as `pgqueue metrics` (issue 28)
+        check_can_listen(metrics_host, metrics_port)
         from prometheus_client import start_http_server
 
         from pgqueue.observability.metrics import WORKER_REGISTRY
 
-        start_http_server(metrics_port, registry=WORKER_REGISTRY)
+        start_http_server(metrics_port, addr=metrics_host, registry=WORKER_REGISTRY)
+        _warn_if_beyond_this_machine(metrics_host)
     worker = Worker(target, settings, registry, concurrency=concurrency, burst=burst, listen=listen)
     wake = "LISTEN/NOTIFY" if listen else "polling only"
     err_console.print(
@@ -172,12 +181,7 @@ def metrics(
         top_tenants=top_tenants,
     )
     server, _thread = start_http_server(port, addr=host, registry=registry)
-    if host not in LOOPBACK_HOSTS:  # as `dashboard`: tenant ids are labels of these series
-        err_console.print(
-            f"warning: serving metrics on {host}, beyond this machine, over plain HTTP",
-            markup=False,
-            highlight=False,
-        )
+    _warn_if_beyond_this_machine(host)
     err_console.print(f"metrics on http://{host}:{port}/metrics", markup=False)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -186,25 +190,15 @@ def metrics(
     server.shutdown()
 
 
-def check_can_listen(host: str, port: int) -> None:
-    """Raise :class:`InvalidArgument` unless a server can listen on ``host``:``port`` now.
-
-    Found by a tester: with the port taken, or a host that does not resolve, the sandbox
-    printed its address, then uvicorn's error, and exited 3.
-    """
-    import socket
-
-    from pgqueue.errors import InvalidArgument
-
-    try:
-        family, kind, proto, _name, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM
-        )[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
-            probe.bind(address)
-    except OSError as exc:  # socket.gaierror is one
-        raise InvalidArgument(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+def _warn_if_beyond_this_machine(host: str) -> None:
+    """One line on stderr when metrics are served beyond loopback (as `dashboard` warns):
+    tenant ids are labels of the exporter's series."""
+    if host not in LOOPBACK_HOSTS:
+        err_console.print(
+            f"warning: serving metrics on {host}, beyond this machine, over plain HTTP",
+            markup=False,
+            highlight=False,
+        )
 
 
 @app.command()

@@ -142,6 +142,13 @@ def test_a_busy_metrics_port_is_named(db_dsn):
         result = run("work", "--burst", "--metrics-port", port, "--dsn", db_dsn)
         assert result.exit_code == 2
         assert _lines(result) == [
+            f"InvalidArgument: cannot listen on 127.0.0.1:{port}: Address already in use"
+        ]
+        result = run(
+            "work", "--burst", "--metrics-port", port, "--metrics-host", "0.0.0.0", "--dsn", db_dsn
+        )
+        assert result.exit_code == 2
+        assert _lines(result) == [
             f"InvalidArgument: cannot listen on 0.0.0.0:{port}: Address already in use"
         ]
 
@@ -170,6 +177,36 @@ def test_metrics_bind_this_machine_by_default(db_dsn, tmp_path):
         assert "warning" not in exporter.stderr()
     finally:
         exporter.kill()
+
+
+def test_worker_metrics_bind_this_machine_by_default(db_dsn, tmp_path):
+    """`pgqueue work --metrics-port` served its pgqueue_* series on every address (0.0.0.0),
+    where `pgqueue metrics` binds 127.0.0.1: it binds 127.0.0.1 too, unless --metrics-host
+    says otherwise (then with a warning), so another loopback address can take its port."""
+    from tests.apps.harness import NOOP_APP, start_cli, wait_until
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    args = ("work", "--app", NOOP_APP, "--metrics-port", str(port), "--dsn", db_dsn)
+    worker = start_cli(*args, log_dir=tmp_path)
+    try:
+        wait_until(lambda: "started" in worker.stderr(), timeout=60, what="the worker")
+        with socket.create_connection(("127.0.0.1", port), timeout=10):
+            pass
+        with socket.socket() as other:
+            other.bind(("127.0.0.2", port))  # OSError (in use) when bound to 0.0.0.0
+        assert "warning" not in worker.stderr()
+    finally:
+        worker.kill()
+    wide = start_cli(*args, "--metrics-host", "127.0.0.3", log_dir=tmp_path)
+    try:
+        wait_until(lambda: "started" in wide.stderr(), timeout=60, what="the worker")
+        with socket.create_connection(("127.0.0.3", port), timeout=10):
+            pass
+        assert "warning: serving metrics on 127.0.0.3" in wide.stderr()
+    finally:
+        wide.kill()
 
 
 def test_a_busy_dashboard_port_is_named(db_dsn):

@@ -57,3 +57,23 @@ def test_a_docstring_flows_as_one_paragraph() -> None:
     assert "one a runaway, into two queues" in line  # the source breaks after "one a"
     assert "``" not in result.output and "`" not in line
     assert "(pgqueue_demo_<run>_fifo and" in line
+
+
+def test_flags_show_no_type() -> None:
+    """typer 0.29's rich help printed ``<bool>`` after every flag (``--burst --no-burst
+    <bool>``, even ``--help``), as if it took a value; its plain help shows none. Flags show
+    no type; options that take a value keep theirs."""
+    root = typer.main.get_command(app)
+    flags = 0
+    for path, command in _commands(root):
+        result = runner.invoke(app, [*path, "--help"], env=_WIDE)
+        assert result.exit_code == 0, (path, result.output)
+        assert "<bool>" not in result.output, path
+        for param in command.params:
+            if getattr(param, "is_flag", False) and not param.hidden:
+                line = next(x for x in result.output.splitlines() if param.opts[0] in x)
+                assert not re.search(r"<\w+>", line.split(param.opts[0], 1)[1][:40]), line
+                flags += 1
+    assert flags > 10
+    work = _flat(runner.invoke(app, ["work", "--help"], env=_WIDE).output)
+    assert "--concurrency <int>" in work and "--burst --no-burst Exit when" in work

@@ -99,7 +99,7 @@ def test_overview_shows_depth_in_three_tiers_and_refreshes(
     rows = _cells(browser, "#schedule tbody tr")
     assert len(rows) == sum(QUEUED.values()) + 2  # every due job, stamped for the page
     assert rows[0][headers.index("tier")] == "critical"
-    screenshot(browser, "schedule")
+    # docs/dashboard-schedule.png comes from bench/schedule_screenshot.py (a realistic load)
 
 
 def test_filter_jobs_and_open_one(browser, board, seeded: Seeded):

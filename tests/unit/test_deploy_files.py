@@ -115,3 +115,13 @@ def test_compose_leaves_the_hosts_postgres_port_alone_and_brings_load():
     assert load["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     worker = services["worker"]
     assert worker["environment"]["ANTHROPIC_BASE_URL"] == "http://sandbox:8765"
+
+
+def test_scraped_services_listen_beyond_their_container():
+    """Prometheus scrapes the exporter and the worker from its own container: both bind
+    127.0.0.1 by default (issue 28 made `work --metrics-port` do so), so the compose file
+    must open them (`--host`, `--metrics-host`), or the worker's targets stay down."""
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    for name, flag in (("metrics", "--host"), ("worker", "--metrics-host")):
+        command = services[name]["command"]
+        assert command[command.index(flag) + 1] == "0.0.0.0", name

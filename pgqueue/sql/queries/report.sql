@@ -1,11 +1,13 @@
 -- Read-only summaries for `pgqueue status`, the demo and replay reports.
 
 -- name: report_depth :many
-SELECT priority::text AS tier, state::text AS state, count(*) AS jobs
-FROM pgqueue.jobs
-WHERE state IN ('queued', 'running')
-GROUP BY priority, state
-ORDER BY priority, state
+-- Queued and running jobs per tier, from pgqueue.queue_depth's counters and running jobs (a
+-- `state IN ('queued', 'running')` on jobs read the whole table, finished jobs included).
+SELECT d.tier::text AS tier, s.state,
+       CASE s.state WHEN 'queued' THEN d.queued ELSE d.running END AS jobs
+FROM pgqueue.queue_depth d
+CROSS JOIN (VALUES ('queued'), ('running')) AS s(state)
+ORDER BY d.tier, s.state
 
 -- name: report_oldest_queued :many
 SELECT priority::text AS tier,

@@ -3,25 +3,46 @@
 -- latency against the SLOs, the rate limiter's state, admission.
 
 -- Jobs waiting and running per tier (every tier listed, zeros included), the oldest queued
--- job's age in seconds, and how many queued jobs are due now.
+-- job's age in seconds, and how many queued jobs are due now. It never reads finished jobs
+-- (revision 0048; `state IN ('queued', 'running')` matched no partial index and read the whole
+-- table): queued from the exact counters (queue_counts, the tier's total rows), due as queued
+-- less the jobs not due yet (jobs_queued_run_at_idx from now on), running through
+-- jobs_running_lease_idx, the oldest through the queued jobs (the one column whose cost grows
+-- with them). Each is a join of its own on the tier, which the planner drops when its column
+-- is not read: the exporter's `SELECT tier, queued, running` reads counters and running jobs.
 CREATE VIEW pgqueue.queue_depth AS
 SELECT t.tier,
-       coalesce(q.queued, 0) AS queued,
-       coalesce(q.due, 0) AS due,
-       coalesce(q.running, 0) AS running,
-       q.oldest_queued_seconds
+       coalesce(c.queued, 0)::bigint AS queued,
+       coalesce(c.queued, 0)::bigint - coalesce(l.later, 0) AS due,
+       coalesce(r.running, 0) AS running,
+       o.oldest_queued_seconds
 FROM unnest(enum_range(NULL::pgqueue.tier)) AS t(tier)
 LEFT JOIN (
-    SELECT j.priority,
-           count(*) FILTER (WHERE j.state = 'queued') AS queued,
-           count(*) FILTER (WHERE j.state = 'queued' AND j.run_at <= now()) AS due,
-           count(*) FILTER (WHERE j.state = 'running') AS running,
-           extract(epoch FROM now() - min(j.enqueued_at) FILTER (WHERE j.state = 'queued'))
-               ::double precision AS oldest_queued_seconds
+    SELECT qc.tier, sum(qc.queued) AS queued
+    FROM pgqueue.queue_counts qc
+    WHERE qc.tenant_id IS NULL
+    GROUP BY qc.tier
+) c ON c.tier = t.tier
+LEFT JOIN (
+    SELECT j.priority, count(*) AS later
     FROM pgqueue.jobs j
-    WHERE j.state IN ('queued', 'running')
+    WHERE j.state = 'queued' AND j.run_at > now()
     GROUP BY j.priority
-) q ON q.priority = t.tier
+) l ON l.priority = t.tier
+LEFT JOIN (
+    SELECT j.priority, count(*) AS running
+    FROM pgqueue.jobs j
+    WHERE j.state = 'running'
+    GROUP BY j.priority
+) r ON r.priority = t.tier
+LEFT JOIN (
+    SELECT j.priority,
+           extract(epoch FROM now() - min(j.enqueued_at))::double precision
+               AS oldest_queued_seconds
+    FROM pgqueue.jobs j
+    WHERE j.state = 'queued'
+    GROUP BY j.priority
+) o ON o.priority = t.tier
 ORDER BY t.tier;
 
 -- The fair order (070_scheduler.sql): per lane and tier, highest tier first, the stamped
