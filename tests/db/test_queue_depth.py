@@ -10,7 +10,7 @@ import json
 import psycopg
 import pytest
 
-#: What the view showed before revision 0048, from the jobs table itself: the reference.
+#: What the view showed before revision 0046, from the jobs table itself: the reference.
 _FROM_JOBS = """
 SELECT t.tier::text,
        count(j.id) FILTER (WHERE j.state = 'queued'),

@@ -4,16 +4,16 @@ whole jobs table. Queued now comes from the exact counters (``queue_counts``), d
 less the queued jobs not due yet, running and the oldest queued job's age through the partial
 indexes. Same columns, types and meaning; the text is 100_views.sql's.
 
-Revision ID: 0048
-Revises: 0044
+Revision ID: 0046
+Revises: 0045
 """
 
 from __future__ import annotations
 
 from alembic import op
 
-revision = "0048"
-down_revision = "0044"
+revision = "0046"
+down_revision = "0045"
 branch_labels = None
 depends_on = None
 
