@@ -201,34 +201,35 @@ AS $$
                 ELSE 0 END
 $$;
 
--- Claim up to p_max stamped jobs of one lane and tier in key order (or only job p_only,
--- already locked by the caller), never past the frontier: lock them (SKIP LOCKED), lease them
--- to p_worker, keep their keys, and move p_worker's cursor row. No row another claimer writes.
-CREATE OR REPLACE FUNCTION pgqueue.claim_keyed(p_lane text, p_tier pgqueue.tier, p_max integer,
-                                               p_worker text, p_lease double precision,
+-- Claim stamped jobs of one lane in key order, p_counts[i] of tier p_tiers[i] (or only job
+-- p_only, already locked by the caller), never past a tier's frontier: lock them (SKIP
+-- LOCKED), lease them to p_worker, keep their keys, and move p_worker's cursor row of each
+-- tier. One statement for every tier of the lane; no row another claimer writes.
+CREATE OR REPLACE FUNCTION pgqueue.claim_keyed(p_lane text, p_tiers pgqueue.tier[],
+                                               p_counts integer[], p_worker text,
+                                               p_lease double precision,
                                                p_only bigint DEFAULT NULL)
 RETURNS SETOF pgqueue.jobs
 LANGUAGE plpgsql
 SET jit TO 'off'
 AS $$
-DECLARE
-    fr bigint;
-    fp numeric;
-    fs bigint;
 BEGIN
-    SELECT l.frontier_round, l.frontier_place, l.frontier_seq INTO fr, fp, fs
-    FROM pgqueue.lane_tiers l WHERE l.lane = p_lane AND l.tier = p_tier;
-    IF fr IS NULL THEN
-        fr := 9223372036854775807; fp := 0; fs := 0;
-    END IF;
     RETURN QUERY
     WITH picked AS (
-        SELECT j.id, j.tenant_id FROM pgqueue.jobs j
-        WHERE j.lane = p_lane AND j.priority = p_tier AND j.state = 'queued'
-          AND j.key_round IS NOT NULL AND (j.key_round, j.key_place, j.key_seq) <= (fr, fp, fs)
-          AND (p_only IS NULL OR j.id = p_only)
-        ORDER BY j.key_round, j.key_place, j.key_seq
-        LIMIT p_max FOR UPDATE SKIP LOCKED
+        SELECT j.id, j.tenant_id
+        FROM unnest(p_tiers, p_counts) AS s(tier, n)
+        LEFT JOIN pgqueue.lane_tiers l ON l.lane = p_lane AND l.tier = s.tier
+        CROSS JOIN LATERAL (
+            SELECT j.id, j.tenant_id FROM pgqueue.jobs j
+            WHERE j.lane = p_lane AND j.priority = s.tier AND j.state = 'queued'
+              AND j.key_round IS NOT NULL
+              AND (j.key_round, j.key_place, j.key_seq)
+                  <= (coalesce(l.frontier_round, 9223372036854775807),
+                      coalesce(l.frontier_place, 0), coalesce(l.frontier_seq, 0))
+              AND (p_only IS NULL OR j.id = p_only)
+            ORDER BY j.key_round, j.key_place, j.key_seq
+            LIMIT s.n FOR UPDATE OF j SKIP LOCKED) j
+        WHERE s.n > 0
     ), taken AS (
         UPDATE pgqueue.jobs j
         SET state = 'running', attempts = j.attempts + 1, started_at = now(),
@@ -238,15 +239,17 @@ BEGIN
         RETURNING j.*
     ), moved AS (
         INSERT INTO pgqueue.cursors AS c (lane, tier, worker_id, key_round, key_place, key_seq)
-        SELECT p_lane, p_tier, p_worker, t.key_round, t.key_place, t.key_seq FROM taken t
-        ORDER BY t.key_round DESC, t.key_place DESC, t.key_seq DESC LIMIT 1
+        SELECT DISTINCT ON (t.priority) p_lane, t.priority, p_worker, t.key_round, t.key_place,
+               t.key_seq
+        FROM taken t
+        ORDER BY t.priority, t.key_round DESC, t.key_place DESC, t.key_seq DESC
         ON CONFLICT (lane, tier, worker_id) DO UPDATE
         SET key_round = excluded.key_round, key_place = excluded.key_place,
             key_seq = excluded.key_seq, moved_at = excluded.moved_at
         WHERE (excluded.key_round, excluded.key_place, excluded.key_seq)
               > (c.key_round, c.key_place, c.key_seq)
     )
-    SELECT * FROM taken t ORDER BY t.key_round, t.key_place, t.key_seq;
+    SELECT * FROM taken t ORDER BY t.priority, t.key_round, t.key_place, t.key_seq;
 END
 $$;
 

@@ -124,6 +124,29 @@ AS $$
                          AND b.outcome = 'expired')
 $$;
 
+-- Claim up to p_max jobs of one lane and tier in key order (pgqueue.claim_keyed); where they
+-- run out at the frontier (the horizon left jobs unstamped), fold it, if no one else is
+-- folding it, and go on.
+CREATE OR REPLACE FUNCTION pgqueue.claim_tier(p_lane text, p_tier pgqueue.tier, p_max integer,
+                                              p_worker text, p_lease double precision)
+RETURNS SETOF pgqueue.jobs
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    got integer := 0;
+    k integer;
+BEGIN
+    LOOP
+        RETURN QUERY SELECT * FROM pgqueue.claim_keyed(p_lane, ARRAY[p_tier], ARRAY[p_max - got],
+                                                       p_worker, p_lease);
+        GET DIAGNOSTICS k = ROW_COUNT;
+        got := got + k;
+        EXIT WHEN got >= p_max OR NOT pgqueue.lane_tier_cut(p_lane, p_tier)
+                  OR pgqueue.fold(p_lane, p_tier) = 0;
+    END LOOP;
+END
+$$;
+
 -- How many of `n` slots each of a lane's backlogged tiers (`tiers`, highest first) gets, by
 -- pgqueue.tier_policy(): strict gives them all to the first; weighted draws each slot's tier
 -- at random by weight (pgqueue.tier_weight), so no row is written to keep the shares: in
@@ -166,19 +189,21 @@ END
 $$;
 
 -- Claim up to p_max jobs over every lane, leased to p_worker. The lanes and tiers of
--- pgqueue.lane_tiers_to_fold are folded (if no one else is folding them), then the lanes are served in the
--- order of the highest tier each has, then of that tier's head job's arrival (LaneScheduler of
--- pgqueue.scheduling.lanes). A lane's slots go to its tiers by pgqueue.tier_slots, then what
--- a tier could not fill to the others in priority order (work-conserving). With p_admit, a
--- rate-limited lane (Messages API jobs of a model; the batches lane's jobs take nothing) goes
--- one job at a time: under the weighted policy the tiers share the model's input-token bucket
--- (ratelimit_pick_tier, the rule of pgqueue.scheduling.capacity.TierShares), else the highest
--- tier goes first; the job's request and tokens are taken from the model's buckets
--- (pgqueue.ratelimit_try_take); a lane in cooldown or out of tokens stops there and holds
--- back no other lane. A lane and tier whose claims reach its frontier (the horizon left jobs
--- unstamped) is folded there and then, and its claim goes on. Rows: the jobs, then, when a
--- lane was stopped and fewer than p_max were claimed, one row with a NULL job and the seconds
--- until the soonest stopped lane frees up.
+-- pgqueue.lane_tiers_to_fold are folded (if no one else is folding them), then the lanes are
+-- served in the order of the highest tier each has, then of that tier's head job's arrival
+-- (LaneScheduler of pgqueue.scheduling.lanes). A lane's slots go to its tiers by
+-- pgqueue.tier_slots, then what a tier could not fill to the others in priority order
+-- (work-conserving). With p_admit, a rate-limited lane (Messages API jobs of a model; the batches
+-- lane's jobs take nothing) goes one job at a time: under the weighted policy the tiers share
+-- the model's input-token bucket (ratelimit_pick_tier, the rule of
+-- pgqueue.scheduling.capacity.TierShares), else the highest tier goes first; the job's request
+-- and tokens are taken from the model's buckets (pgqueue.ratelimit_try_take); a lane in
+-- cooldown or out of tokens stops there and holds back no other lane. In a lane without a
+-- provider limit one statement claims every tier's slots (claim_keyed); a tier whose claim
+-- reaches its frontier (the horizon left jobs unstamped) is folded there and then, and takes
+-- the rest of its slots. Rows: the jobs, then, when a lane was stopped and fewer than p_max
+-- were claimed, one row with a NULL job and the seconds until the soonest stopped lane frees
+-- up.
 CREATE OR REPLACE FUNCTION pgqueue.claim_lanes(p_max integer, p_worker text,
                                                p_lease double precision, p_admit boolean)
 RETURNS TABLE(job pgqueue.jobs, blocked_seconds double precision)
@@ -188,6 +213,7 @@ AS $$
 DECLARE
     got integer := 0;
     n integer;
+    i integer;
     k integer;
     blocked double precision;
     wait double precision;
@@ -265,31 +291,42 @@ BEGIN
                     EXIT;
                 END IF;
                 RETURN QUERY SELECT c, NULL::double precision
-                             FROM pgqueue.claim_keyed(lane.lane, all_tiers[k], 1, p_worker,
-                                                      p_lease, (heads[k]).id) c;
+                             FROM pgqueue.claim_keyed(lane.lane, ARRAY[all_tiers[k]], ARRAY[1],
+                                                      p_worker, p_lease, (heads[k]).id) c;
                 got := got + 1;
             END LOOP;
             CONTINUE;
         END IF;
+        -- One statement takes every tier's slots (pgqueue.tier_slots). Then a tier that fell
+        -- short at its frontier is folded and takes the rest of its slots, and what no tier
+        -- could fill goes to the others in priority order (work-conserving).
         slots := pgqueue.tier_slots(lane.tiers, p_max - got);
-        FOR pass IN 1 .. 2 LOOP
-            FOR i IN 1 .. cardinality(lane.tiers) LOOP
-                t := lane.tiers[i];
-                n := CASE WHEN pass = 1 THEN slots[i] ELSE p_max - got END;
-                CONTINUE WHEN n <= 0;
+        FOR j IN SELECT * FROM pgqueue.claim_keyed(lane.lane, lane.tiers, slots, p_worker,
+                                                  p_lease) LOOP
+            job := j;
+            blocked_seconds := NULL;
+            RETURN NEXT;
+            i := array_position(lane.tiers, j.priority);
+            slots[i] := slots[i] - 1;
+            got := got + 1;
+        END LOOP;
+        FOR i IN 1 .. cardinality(lane.tiers) LOOP  -- short at its frontier: fold, go on
+            t := lane.tiers[i];
+            IF slots[i] > 0 AND pgqueue.lane_tier_cut(lane.lane, t)
+               AND pgqueue.fold(lane.lane, t) > 0 THEN
                 RETURN QUERY SELECT c, NULL::double precision
-                             FROM pgqueue.claim_keyed(lane.lane, t, n, p_worker, p_lease) c;
+                             FROM pgqueue.claim_tier(lane.lane, t, slots[i], p_worker, p_lease) c;
                 GET DIAGNOSTICS k = ROW_COUNT;
                 got := got + k;
-                IF k < n AND pgqueue.lane_tier_cut(lane.lane, t)
-                   AND pgqueue.fold(lane.lane, t) > 0 THEN  -- at the frontier: go on
-                    RETURN QUERY SELECT c, NULL::double precision
-                                 FROM pgqueue.claim_keyed(lane.lane, t, n - k, p_worker,
-                                                          p_lease) c;
-                    GET DIAGNOSTICS k = ROW_COUNT;
-                    got := got + k;
-                END IF;
-            END LOOP;
+            END IF;
+        END LOOP;
+        FOR i IN 1 .. cardinality(lane.tiers) LOOP  -- what a tier could not fill: the others
+            EXIT WHEN got >= p_max;
+            RETURN QUERY SELECT c, NULL::double precision
+                         FROM pgqueue.claim_tier(lane.lane, lane.tiers[i], p_max - got,
+                                                 p_worker, p_lease) c;
+            GET DIAGNOSTICS k = ROW_COUNT;
+            got := got + k;
         END LOOP;
     END LOOP;
     IF blocked IS NOT NULL AND got < p_max THEN
