@@ -199,7 +199,11 @@ def _worker(dsn: str, jobs: int, batch: int, start_at: float) -> dict[str, Any]:
     claim_ms: list[float] = []
     complete_ms: list[float] = []
     with psycopg.connect(dsn) as conn:
-        queries.run(conn, "job_claim", {"limit": 0, "worker_id": worker, "lease_seconds": 60})
+        queries.run(
+            conn,
+            "job_claim",
+            {"limit": 0, "worker_id": worker, "lease_seconds": 60, "skip_kinds": []},
+        )
         conn.commit()
         while time.time() < start_at:
             time.sleep(0.001)
@@ -212,7 +216,12 @@ def _worker(dsn: str, jobs: int, batch: int, start_at: float) -> dict[str, Any]:
                 for r in queries.run(
                     conn,
                     "job_claim",
-                    {"limit": min(batch, jobs - done), "worker_id": worker, "lease_seconds": 60},
+                    {
+                        "limit": min(batch, jobs - done),
+                        "worker_id": worker,
+                        "lease_seconds": 60,
+                        "skip_kinds": [],
+                    },
                 )
                 if r["id"] is not None
             ]
@@ -315,7 +324,9 @@ def _cycle(conn: psycopg.Connection[Any], batch: int) -> None:
         rows = [
             r
             for r in queries.run(
-                conn, "job_claim", {"limit": batch, "worker_id": "x", "lease_seconds": 60}
+                conn,
+                "job_claim",
+                {"limit": batch, "worker_id": "x", "lease_seconds": 60, "skip_kinds": []},
             )
             if r["id"] is not None
         ]

@@ -47,7 +47,7 @@ RETURNING j.id, j.tenant_id, j.lease_token::text AS lease_token
 
 
 def _claim(conn: psycopg.Connection[Any], mode: str, limit: int, worker: str) -> list[Any]:
-    params = {"limit": limit, "worker_id": worker, "lease_seconds": 60}
+    params = {"limit": limit, "worker_id": worker, "lease_seconds": 60, "skip_kinds": []}
     if mode == "fair":
         rows: list[Any] = queries.run(conn, "job_claim", params)
         return rows
@@ -104,7 +104,9 @@ def _restore(dsn: str) -> None:
         conn.autocommit = True
         conn.execute("VACUUM ANALYZE pgqueue.jobs")
         # claim once with limit 0 so the fair claim folds the requeued tenants in first
-        queries.run(conn, "job_claim", {"limit": 0, "worker_id": "x", "lease_seconds": 1})
+        queries.run(
+            conn, "job_claim", {"limit": 0, "worker_id": "x", "lease_seconds": 1, "skip_kinds": []}
+        )
 
 
 def _latency_ms(dsn: str, mode: str, samples: int, limit: int = 1) -> float:

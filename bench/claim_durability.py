@@ -70,7 +70,12 @@ def _drain(args: tuple[str, str, int]) -> int:
     done = 0
     with psycopg.connect(dsn, autocommit=True) as conn:
         while True:
-            params = {"limit": batch, "worker_id": "bench", "lease_seconds": 120.0}
+            params = {
+                "limit": batch,
+                "worker_id": "bench",
+                "lease_seconds": 120.0,
+                "skip_kinds": [],
+            }
             if variant == "sync":
                 with conn.transaction():
                     rows = queries.run(conn, "job_claim", params)

@@ -147,7 +147,7 @@ def _prepare(
             pgqueue.enqueue_many(conn, [pgqueue.JobSpec(**_job(i, tenants)) for i in part])
         conn.commit()
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
-        params = {"limit": batch, "worker_id": "warm", "lease_seconds": 120}
+        params = {"limit": batch, "worker_id": "warm", "lease_seconds": 120, "skip_kinds": []}
         for _ in range(warm):
             rows = [r for r in queries.run(conn, "job_claim", params) if r["id"] is not None]
             done = ((r["id"], r["tenant_id"], r["lease_token"], None, None, None) for r in rows)

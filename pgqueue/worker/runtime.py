@@ -391,6 +391,9 @@ class Worker:
             "limit": limit,
             "worker_id": self.worker_id,
             "lease_seconds": self.settings.lease_seconds,
+            # their lanes are left to workers that can run them (nothing taken from a model's
+            # buckets for a job this worker would put back)
+            "skip_kinds": sorted(self._cannot_run),
         }
         started = time.perf_counter()
         rows = await run_named(

@@ -135,7 +135,9 @@ def test_a_claimed_job_frees_room(db_dsn, conn):
     _std(conn)
     with pytest.raises(pgqueue.QueueFull):
         _std(conn)
-    rows = queries.run(conn, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 30})
+    rows = queries.run(
+        conn, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 30, "skip_kinds": []}
+    )
     assert len(rows) == 1
     assert _std(conn) is not None
 
@@ -202,7 +204,11 @@ def _free_one_later(dsn: str, delay: float) -> threading.Thread:
     def run() -> None:
         time.sleep(delay)
         with psycopg.connect(dsn, autocommit=True) as c:
-            queries.run(c, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 30})
+            queries.run(
+                c,
+                "job_claim",
+                {"limit": 1, "worker_id": "w", "lease_seconds": 30, "skip_kinds": []},
+            )
 
     thread = threading.Thread(target=run)
     thread.start()
@@ -430,7 +436,9 @@ def test_counters_follow_every_transition(db_dsn, conn):
     for tenant in ("a", "a", "b"):
         _std(conn, tenant)
     _crit(conn, "a")
-    queries.run(conn, "job_claim", {"limit": 2, "worker_id": "w", "lease_seconds": 30})
+    queries.run(
+        conn, "job_claim", {"limit": 2, "worker_id": "w", "lease_seconds": 30, "skip_kinds": []}
+    )
     conn.execute("UPDATE pgqueue.jobs SET state = 'queued' WHERE state = 'running' AND id = 1")
     conn.execute("DELETE FROM pgqueue.jobs WHERE tenant_id = 'b'")
     conn.execute("UPDATE pgqueue.jobs SET priority = 'batch' WHERE id = 2")
@@ -452,7 +460,11 @@ def test_a_long_producer_transaction_never_blocks_a_claim(db_dsn, conn):
     conn.execute("SELECT pgqueue.queue_counts_compact()")
     with psycopg.connect(db_dsn, autocommit=True) as worker:
         worker.execute("SET statement_timeout = '3s'")
-        rows = queries.run(worker, "job_claim", {"limit": 3, "worker_id": "w", "lease_seconds": 30})
+        rows = queries.run(
+            worker,
+            "job_claim",
+            {"limit": 3, "worker_id": "w", "lease_seconds": 30, "skip_kinds": []},
+        )
         assert len(rows) == 3
         queries.run(worker, "queue_counts_compact", {"max_rows": 10000})
         _std(worker)  # another producer is not blocked either
@@ -480,7 +492,11 @@ def test_counter_rows_stay_one_per_key_without_concurrency(db_dsn, conn):
         _std(conn, f"t{i % 4}")
     assert _counter_rows(conn) == {None: 1, "t0": 1, "t1": 1, "t2": 1, "t3": 1}
     for _ in range(5):
-        queries.run(conn, "job_claim", {"limit": 10, "worker_id": "w", "lease_seconds": 30})
+        queries.run(
+            conn,
+            "job_claim",
+            {"limit": 10, "worker_id": "w", "lease_seconds": 30, "skip_kinds": []},
+        )
     assert _counter_rows(conn) == {None: 1, "t0": 1, "t1": 1, "t2": 1, "t3": 1}
     counters, actual = _counters_match(conn)
     assert counters == actual
@@ -519,7 +535,9 @@ def test_snapshot_isolation_producers_append_and_never_fail(db_dsn, isolation):
         producer.execute("SELECT 1")  # the snapshot is taken here
         with psycopg.connect(db_dsn, autocommit=True) as worker:
             rows = queries.run(
-                worker, "job_claim", {"limit": 2, "worker_id": "w", "lease_seconds": 30}
+                worker,
+                "job_claim",
+                {"limit": 2, "worker_id": "w", "lease_seconds": 30, "skip_kinds": []},
             )
             assert len(rows) == 2
         assert _std(producer) is not None
@@ -551,7 +569,9 @@ def test_snapshot_isolation_producers_never_fold_the_counters(db_dsn, isolation)
         producer.execute("SELECT 1")  # the snapshot is taken here
         with psycopg.connect(db_dsn, autocommit=True) as worker:
             rows = queries.run(
-                worker, "job_claim", {"limit": 5, "worker_id": "w", "lease_seconds": 30}
+                worker,
+                "job_claim",
+                {"limit": 5, "worker_id": "w", "lease_seconds": 30, "skip_kinds": []},
             )
             assert len(rows) == 5  # counter rows updated in place, after the snapshot
         assert _std(producer) is not None

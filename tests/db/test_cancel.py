@@ -15,7 +15,7 @@ from pgqueue.errors import InvalidArgument, InvalidTenant, NulCharacter, Unknown
 from pgqueue.worker.completer import success_batch
 
 PAYLOAD = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
-CLAIM = {"limit": 10, "worker_id": "w", "lease_seconds": 60}
+CLAIM = {"limit": 10, "worker_id": "w", "lease_seconds": 60, "skip_kinds": []}
 
 Conn = psycopg.Connection[Any]
 

@@ -14,10 +14,11 @@ import pgqueue
 from pgqueue import JobSpec
 from pgqueue.db import queries
 from pgqueue.handlers.registry import NOOP_KIND as NOOP
+from tests.db.drr_support import allow_requests
 
 Conn = psycopg.Connection[Any]
 
-CLAIM = {"worker_id": "w", "lease_seconds": 30}
+CLAIM = {"worker_id": "w", "lease_seconds": 30, "skip_kinds": []}
 
 
 def _payload(model: str) -> dict[str, Any]:
@@ -122,3 +123,21 @@ def test_only_a_claim_that_took_from_a_models_buckets_skips_its_wal_flush(db_dsn
         assert _jobs(rows) == [("B", "m")] * 3
         assert not any(r["durable"] for r in rows)
         assert c.execute("SHOW synchronous_commit").fetchone() == ("on",)  # the claim's alone
+
+
+def test_a_worker_leaves_the_lanes_of_kinds_it_cannot_run(db_dsn):
+    """A worker with no API key claims with skip_kinds ['anthropic.messages']: the model's jobs
+    stay queued with their keys, and nothing is taken from its buckets (before, such a worker
+    claimed them, took their requests and tokens, and put them back unrun for 60 s)."""
+    with psycopg.connect(db_dsn) as c:
+        allow_requests(c, "m", 5)
+        pgqueue.enqueue_many(
+            c,
+            [JobSpec("A", "user_action", _payload("m")) for _ in range(2)]
+            + [JobSpec("B", "scheduled", {}, kind=NOOP) for _ in range(2)],
+        )
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        params = {"limit": 10, **CLAIM, "skip_kinds": ["anthropic.messages"]}
+        assert _jobs(queries.run(c, "job_claim", params)) == [("B", None)] * 2
+        assert c.execute("SELECT requests_available FROM pgqueue.rate_limits").fetchone() == (5,)
+        assert _jobs(_claim(c, 10)) == [("A", "m")] * 2  # a worker that can run them

@@ -52,7 +52,9 @@ def _enqueue(dsn: str, specs: list[JobSpec]) -> list[int]:
 
 def _claim(conn: Conn, limit: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = queries.run(
-        conn, "job_claim", {"limit": limit, "worker_id": "w", "lease_seconds": 300}
+        conn,
+        "job_claim",
+        {"limit": limit, "worker_id": "w", "lease_seconds": 300, "skip_kinds": []},
     )
     return [r for r in rows if r["id"] is not None]
 
@@ -124,7 +126,9 @@ def test_a_claimer_terminated_mid_claim_leaves_the_jobs_to_the_next(roomy: str, 
 
 def _claim_as(conn: Conn, worker_id: str, limit: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = queries.run(
-        conn, "job_claim", {"limit": limit, "worker_id": worker_id, "lease_seconds": 300}
+        conn,
+        "job_claim",
+        {"limit": limit, "worker_id": worker_id, "lease_seconds": 300, "skip_kinds": []},
     )
     return [r for r in rows if r["id"] is not None]
 

@@ -45,7 +45,9 @@ def _bucket(conn: psycopg.Connection[Any], level: float) -> None:
 def _claim(dsn: str, limit: int) -> list[dict[str, Any]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = queries.run(
-            conn, "job_claim", {"limit": limit, "worker_id": "w", "lease_seconds": 300}
+            conn,
+            "job_claim",
+            {"limit": limit, "worker_id": "w", "lease_seconds": 300, "skip_kinds": []},
         )
     return [r for r in rows if r["id"] is not None]
 

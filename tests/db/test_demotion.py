@@ -19,7 +19,9 @@ PAYLOAD = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content
 
 
 def _claim_one(conn: psycopg.Connection[Any]) -> dict[str, Any]:
-    [row] = queries.run(conn, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 60})
+    [row] = queries.run(
+        conn, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 60, "skip_kinds": []}
+    )
     return row
 
 
@@ -225,7 +227,9 @@ def test_concurrent_batched_completions_do_not_deadlock_on_usage(db_dsn):
                 conn, [pgqueue.JobSpec(t, "scheduled", {}, 60, "pgqueue.noop") for t in tenants * 2]
             )
             claimed = queries.run(
-                conn, "job_claim", {"limit": 100, "worker_id": "w", "lease_seconds": 60}
+                conn,
+                "job_claim",
+                {"limit": 100, "worker_id": "w", "lease_seconds": 60, "skip_kinds": []},
             )
         by_tenant = sorted(claimed, key=lambda j: j["tenant_id"])
         halves = [by_tenant[::2], by_tenant[1::2][::-1]]  # same tenants, opposite orders

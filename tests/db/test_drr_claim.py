@@ -355,7 +355,9 @@ def test_future_jobs_do_not_block_a_tenant_or_the_queue(conn):
 
 def test_requeued_job_is_claimed_again(conn):
     (job_id,) = add_jobs(conn, [(S, "a", 1.0)])
-    row = queries.run(conn, "job_claim", {"limit": 5, "worker_id": "w", "lease_seconds": 30})
+    row = queries.run(
+        conn, "job_claim", {"limit": 5, "worker_id": "w", "lease_seconds": 30, "skip_kinds": []}
+    )
     assert [r["id"] for r in row] == [job_id]
     state = queries.run(
         conn,

@@ -159,7 +159,11 @@ def test_claim_path_does_not_read_finished_jobs(conn, db_dsn):
     with psycopg.connect(db_dsn, autocommit=True) as c:
         _load_auto_explain(c)
         for _ in range(2):  # the first claim stamps the 300 new (tenant, tier) flows
-            queries.run(c, "job_claim", {"limit": 10, "worker_id": "w", "lease_seconds": 60})
+            queries.run(
+                c,
+                "job_claim",
+                {"limit": 10, "worker_id": "w", "lease_seconds": 60, "skip_kinds": []},
+            )
         # As autovacuum would after the first fold's thousands of stamps: the index entries of
         # their unstamped versions go, so that a fold's once-a-second look at every flow (due
         # when this test runs slowly, on a loaded machine) steps over only what the claims
@@ -177,7 +181,11 @@ def test_claim_path_does_not_read_finished_jobs(conn, db_dsn):
             c.execute(f"SET {setting}")
         c.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
         for _ in range(3):
-            rows = queries.run(c, "job_claim", {"limit": 10, "worker_id": "w", "lease_seconds": 60})
+            rows = queries.run(
+                c,
+                "job_claim",
+                {"limit": 10, "worker_id": "w", "lease_seconds": 60, "skip_kinds": []},
+            )
             assert len(rows) == 10
             done = queries.run(
                 c,
@@ -220,7 +228,9 @@ def test_batched_completion_probes_jobs_by_primary_key(conn, db_dsn):
     conn.commit()
 
     def cycle(c: psycopg.Connection[Any]) -> int:
-        rows = queries.run(c, "job_claim", {"limit": 10, "worker_id": "w", "lease_seconds": 60})
+        rows = queries.run(
+            c, "job_claim", {"limit": 10, "worker_id": "w", "lease_seconds": 60, "skip_kinds": []}
+        )
         held = {
             "held": Jsonb({str(r["id"]): [r["tenant_id"], r["lease_token"]] for r in rows}),
             "lease_seconds": 60,

@@ -281,7 +281,9 @@ def test_advisory_locks_can_be_kept_from_producers(db_dsn: str, evil: str) -> No
                     conn.execute(call)
         with psycopg.connect(make_conninfo(db_dsn, user=worker), autocommit=True) as conn:
             claimed = queries.run(
-                conn, "job_claim", {"limit": 5, "worker_id": "w", "lease_seconds": 60}
+                conn,
+                "job_claim",
+                {"limit": 5, "worker_id": "w", "lease_seconds": 60, "skip_kinds": []},
             )
             assert [job["tenant_id"] for job in claimed] == ["globex"]
     finally:

@@ -54,7 +54,9 @@ def test_tier_follows_a_demotion(db_dsn: str) -> None:
             pgqueue.enqueue(
                 conn, tenant_id="r", origin="scheduled", sla_seconds=60, payload=PAYLOAD
             )
-        [job] = queries.run(conn, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 60})
+        [job] = queries.run(
+            conn, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 60, "skip_kinds": []}
+        )
         queries.run(
             conn,
             "job_throttle",

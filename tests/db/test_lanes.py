@@ -83,7 +83,9 @@ def _drain(dsn: str) -> Counter[str]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         for _ in range(MAX_CLAIMS):
             rows = queries.run(
-                conn, "job_claim", {"limit": CLAIM_SIZE, "worker_id": "w", "lease_seconds": 300}
+                conn,
+                "job_claim",
+                {"limit": CLAIM_SIZE, "worker_id": "w", "lease_seconds": 300, "skip_kinds": []},
             )
             jobs = [r for r in rows if r["id"] is not None]
             if not jobs:

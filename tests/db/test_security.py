@@ -82,7 +82,9 @@ def test_worker_role_can_run_the_whole_life_cycle(db_dsn, roles):
     with psycopg.connect(db_dsn, autocommit=True) as owner:
         pgqueue.enqueue(owner, tenant_id="a", origin="user_action", payload=PAYLOAD)
     with psycopg.connect(roles["worker"], autocommit=True) as conn:
-        [job] = queries.run(conn, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 60})
+        [job] = queries.run(
+            conn, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 60, "skip_kinds": []}
+        )
         assert job["tenant_id"] == "a"
         assert (
             queries.run(

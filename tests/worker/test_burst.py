@@ -82,6 +82,14 @@ async def test_a_burst_worker_leaves_the_jobs_it_cannot_run_and_exits(
         ("pgqueue.noop", "succeeded"),
         ("no.such.kind", "queued"),
     ]
+    with psycopg.connect(db_dsn) as conn:
+        # the Messages API job was never claimed (no key: its lane is left to other workers,
+        # its key and place kept); the job of a kind with no handler was, once, and put back
+        claimed = conn.execute(
+            "SELECT kind, started_at IS NOT NULL, key_round IS NOT NULL FROM pgqueue.jobs"
+            " WHERE state = 'queued' ORDER BY id"
+        ).fetchall()
+    assert claimed == [("anthropic.messages", False, True), ("no.such.kind", True, False)]
 
 
 @pytest.mark.timeout(120)

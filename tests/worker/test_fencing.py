@@ -43,7 +43,11 @@ def _enqueue(conn: Conn, max_attempts: int | None = None) -> int:
 
 
 def _claim(conn: Conn, worker_id: str) -> dict[str, Any]:
-    rows = queries.run(conn, "job_claim", {"limit": 1, "worker_id": worker_id, "lease_seconds": 60})
+    rows = queries.run(
+        conn,
+        "job_claim",
+        {"limit": 1, "worker_id": worker_id, "lease_seconds": 60, "skip_kinds": []},
+    )
     assert len(rows) == 1
     return dict(rows[0])
 
@@ -198,7 +202,9 @@ def test_rescue_skips_live_leases_and_fails_spent_jobs(auto: Conn) -> None:
     spent = _enqueue(auto, max_attempts=1)
     claimed = {
         r["id"]
-        for r in queries.run(auto, "job_claim", {"limit": 2, "worker_id": "w", "lease_seconds": 60})
+        for r in queries.run(
+            auto, "job_claim", {"limit": 2, "worker_id": "w", "lease_seconds": 60, "skip_kinds": []}
+        )
     }
     assert claimed == {live, spent}
     assert queries.run(auto, "job_rescue", RESCUE) == []  # leases still live
@@ -221,7 +227,7 @@ def test_deferred_job_returns_later_without_using_an_attempt(db_dsn: str) -> Non
             payload={"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]},
         )
         [claimed] = queries.run(
-            auto, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 60}
+            auto, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 60, "skip_kinds": []}
         )
         params = {
             "id": job_id,

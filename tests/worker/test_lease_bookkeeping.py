@@ -20,7 +20,7 @@ from pgqueue.worker.completer import Completer, success_batch
 from pgqueue.worker.leases import held_leases
 from pgqueue.worker.runtime import Worker
 
-CLAIM = {"limit": 2, "worker_id": "w", "lease_seconds": 60}
+CLAIM = {"limit": 2, "worker_id": "w", "lease_seconds": 60, "skip_kinds": []}
 
 
 async def _never() -> None:
@@ -75,7 +75,9 @@ async def test_a_burst_worker_runs_the_jobs_its_rescuer_puts_back(db_dsn: str) -
                 [JobSpec("t", "scheduled", {"n": i}, kind="pgqueue.noop") for i in range(20)],
             )
             claimed = queries.run(
-                conn, "job_claim", {"limit": 20, "worker_id": "dead", "lease_seconds": 0.1}
+                conn,
+                "job_claim",
+                {"limit": 20, "worker_id": "dead", "lease_seconds": 0.1, "skip_kinds": []},
             )
             assert len(claimed) == 20
         await asyncio.sleep(0.3)
@@ -122,7 +124,9 @@ async def test_a_job_moved_to_another_tenant_is_a_lost_lease_not_a_held_row(db_d
             conn,
             [pgqueue.JobSpec(t, "scheduled", {}, kind="pgqueue.noop") for t in ("a", "b", "c")],
         )
-        rows = queries.run(conn, "job_claim", {"limit": 3, "worker_id": "w", "lease_seconds": 60})
+        rows = queries.run(
+            conn, "job_claim", {"limit": 3, "worker_id": "w", "lease_seconds": 60, "skip_kinds": []}
+        )
         moved, kept, deleted = (Job.from_row(r) for r in rows)
         conn.execute(
             "UPDATE pgqueue.jobs SET tenant_id = %s WHERE id = %s", (kept.tenant_id, moved.id)

@@ -76,7 +76,9 @@ async def test_six_series_agree_with_the_views(db_dsn):
         pgqueue.enqueue(
             conn, tenant_id="t1", origin="batch_job", payload=payload, kind="pgqueue.noop"
         )
-        [job] = queries.run(conn, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 60})
+        [job] = queries.run(
+            conn, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 60, "skip_kinds": []}
+        )
         queries.run(
             conn,
             "job_complete",

@@ -32,7 +32,9 @@ async def test_a_throttle_recorded_before_the_connection_dropped_is_not_reported
     the recorded throttle was logged, counted and returned as a lost lease."""
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         pgqueue.enqueue(conn, tenant_id="t", origin="scheduled", payload=PAYLOAD)
-        rows = queries.run(conn, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 60})
+        rows = queries.run(
+            conn, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 60, "skip_kinds": []}
+        )
     job = Job.from_row(rows[0])
 
     arun = queries.arun
@@ -67,7 +69,9 @@ async def test_a_deferred_job_gives_back_what_its_claim_took_from_the_limiter(
     payload = {**PAYLOAD, "max_tokens": 4000}
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         pgqueue.enqueue(conn, tenant_id="t", origin="scheduled", payload=payload)
-        rows = queries.run(conn, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 60})
+        rows = queries.run(
+            conn, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 60, "skip_kinds": []}
+        )
         taken = conn.execute(
             "SELECT output_tokens_available, output_tokens_per_minute FROM pgqueue.rate_limits"
         ).fetchone()

@@ -163,7 +163,9 @@ async def test_a_success_held_past_the_retry_window_is_never_recorded_as_failed(
 
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         pgqueue.enqueue_many(conn, [JobSpec("t", "scheduled", {}, kind="pgqueue.noop")])
-        [row] = queries.run(conn, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 60})
+        [row] = queries.run(
+            conn, "job_claim", {"limit": 1, "worker_id": "w", "lease_seconds": 60, "skip_kinds": []}
+        )
     job = Job.from_row(row)
     pool = AsyncConnectionPool(
         db_dsn, min_size=1, max_size=3, kwargs={"autocommit": True}, open=False

@@ -4,14 +4,15 @@
 -- Scheduler v2 (docs/drr.md): per lane (rate-limit pool: the model, else the kind), the tier
 -- (pgqueue.tier_policy), then the jobs of that lane and tier in their DRR key order, taken
 -- with FOR UPDATE SKIP LOCKED: claimers run side by side, with no scheduler lock between
--- them (a rate-limited model's bucket row is the one row they share).
--- Only due, queued jobs, and only those the provider's limits let through now
--- (pgqueue.claim_admitted); a lane in cooldown or out of tokens holds back no other lane.
--- When the limiter stopped a lane and fewer than `limit` were claimed, a last row with a NULL
--- id carries blocked_seconds. `durable`: the claim's commit waits for its WAL flush (else the
--- worker runs job_claim_durable before the handlers start). `to_batch`: the job goes to the batches lane
--- (pgqueue.batches.lane parks it) instead of running here (asked only of batch-tier Messages
--- API jobs: the call cost a claim of 10 other jobs 0.2 ms).
+-- them (a rate-limited model's bucket row is the one row they share). Only due, queued jobs
+-- of kinds not in `skip_kinds` (this worker cannot run them), and only those the provider's
+-- limits let through now (pgqueue.claim_admitted); a lane in cooldown or out of tokens holds
+-- back no other lane. When the limiter stopped a lane and fewer than `limit` were claimed, a
+-- last row with a NULL id carries blocked_seconds. `durable`: the claim's commit waits for
+-- its WAL flush (else the worker runs job_claim_durable before the handlers start).
+-- `to_batch`: the job goes to the batches lane (pgqueue.batches.lane parks it) instead of
+-- running here (asked only of batch-tier Messages API jobs: the call cost a claim of 10
+-- other jobs 0.2 ms).
 SELECT (c.job).id, (c.job).tenant_id, (c.job).kind, (c.job).priority, (c.job).payload,
        (c.job).cost, (c.job).attempts, (c.job).max_attempts, (c.job).throttle_retries,
        (c.job).enqueued_at, (c.job).lease_token::text AS lease_token, (c.job).model,
@@ -22,7 +23,7 @@ SELECT (c.job).id, (c.job).tenant_id, (c.job).kind, (c.job).priority, (c.job).pa
        -- read after the claim ran (its rows are materialized first): whether its commit
        -- waits for the WAL flush (a claim that took from a model's buckets does not)
        current_setting('synchronous_commit') <> 'off' AS durable
-FROM pgqueue.claim_admitted(%(limit)s, %(worker_id)s, %(lease_seconds)s) AS c
+FROM pgqueue.claim_admitted(%(limit)s, %(worker_id)s, %(lease_seconds)s, %(skip_kinds)s) AS c
 
 -- name: job_claim_durable :execrows
 -- Makes the claims this worker received durable before their handlers start, when the claim

@@ -203,9 +203,10 @@ $$;
 -- reaches its frontier (the horizon left jobs unstamped) is folded there and then, and takes
 -- the rest of its slots. Rows: the jobs, then, when a lane was stopped and fewer than p_max
 -- were claimed, one row with a NULL job and the seconds until the soonest stopped lane frees
--- up.
+-- up. The lanes of p_skip_kinds (kinds the caller cannot run) are left to other workers.
 CREATE OR REPLACE FUNCTION pgqueue.claim_lanes(p_max integer, p_worker text,
-                                               p_lease double precision, p_admit boolean)
+                                               p_lease double precision, p_admit boolean,
+                                               p_skip_kinds text[])
 RETURNS TABLE(job pgqueue.jobs, blocked_seconds double precision)
 LANGUAGE plpgsql
 SET jit TO 'off'
@@ -236,6 +237,7 @@ BEGIN
         SELECT h.lane, array_agg(h.tier ORDER BY h.tier) AS tiers,
                bool_or(h.kind = 'anthropic.messages' AND h.model IS NOT NULL) AS limited
         FROM pgqueue.lane_tiers_stamped() h
+        WHERE h.kind <> ALL (coalesce(p_skip_kinds, '{}'))
         GROUP BY h.lane
         ORDER BY min(h.tier), (array_agg(h.id ORDER BY h.tier))[1], h.lane
     LOOP
@@ -341,7 +343,7 @@ CREATE OR REPLACE FUNCTION pgqueue.claim(max_jobs integer, worker_id text,
 RETURNS SETOF pgqueue.jobs
 LANGUAGE sql
 AS $$
-    SELECT (c.job).* FROM pgqueue.claim_lanes(max_jobs, worker_id, lease_seconds, false) c
+    SELECT (c.job).* FROM pgqueue.claim_lanes(max_jobs, worker_id, lease_seconds, false, '{}') c
     WHERE (c.job).id IS NOT NULL
 $$;
 
@@ -350,14 +352,17 @@ $$;
 -- buckets commits without waiting for its WAL flush (claim_lanes): a claim lost in a crash
 -- only leaves its jobs queued, to be claimed again (every completion is fenced by the lease
 -- token), and the worker makes it durable before its handlers start (job_claim_durable).
+-- skip_kinds: kinds the caller cannot run (no handler, no API key); their lanes are left to
+-- other workers, untouched (nothing taken from a model's buckets for them).
 CREATE OR REPLACE FUNCTION pgqueue.claim_admitted(
     max_jobs integer,
     worker_id text,
-    lease_seconds double precision
+    lease_seconds double precision,
+    skip_kinds text[]
 )
 RETURNS TABLE(job pgqueue.jobs, blocked_seconds double precision)
 LANGUAGE sql
 AS $$
     SELECT c.job, c.blocked_seconds
-    FROM pgqueue.claim_lanes(max_jobs, worker_id, lease_seconds, true) c
+    FROM pgqueue.claim_lanes(max_jobs, worker_id, lease_seconds, true, skip_kinds) c
 $$;
