@@ -21,7 +21,7 @@ from pgqueue.worker import leases, upkeep
 from pgqueue.worker.inflight import InFlight
 
 if TYPE_CHECKING:
-    from pgqueue.worker.runtime import WorkerStats
+    from pgqueue.worker.runs import WorkerStats
 
 log = logging.getLogger("pgqueue.worker")
 
