@@ -1,8 +1,9 @@
 """Pruning of the scheduler's idle flow rows (issue 28 follow-up): ``pgqueue.flows`` kept a row
 per lane, tier and tenant ever backlogged, so a deployment with many transient tenants grew it
 forever. ``pgqueue.flows_prune`` (new file ``075_prune.sql``) deletes the rows that the horizon
-did not cut and none of whose stamped jobs is still queued, one lane and tier at a time under
-``pgqueue.fold``'s try-lock; such a tenant joins afresh at its next job either way, so the claim
+did not cut and none of whose stamped jobs is still queued (only flows whose last key the
+cursor has reached are looked at), one lane and tier at a time under ``pgqueue.fold``'s
+try-lock; such a tenant joins afresh at its next job either way, so the claim
 order is unchanged (docs/drr.md). Workers call it on their rescuer's round (named statement
 ``flow_prune``), ``pgqueue prune`` on demand.
 
@@ -27,14 +28,20 @@ SET jit TO 'off'
 AS $$
 DECLARE
     lt record;
-    hr bigint;
-    hp numeric;
-    hs bigint;
+    cr bigint; cp numeric; cs bigint;
+    hr bigint; hp numeric; hs bigint;
     n bigint;
     total bigint := 0;
 BEGIN
     FOR lt IN SELECT l.lane, l.tier FROM pgqueue.lane_tiers l ORDER BY l.lane, l.tier LOOP
         EXIT WHEN total >= p_limit;
+        SELECT c.key_round, c.key_place, c.key_seq INTO cr, cp, cs
+        FROM pgqueue.cursors c WHERE c.lane = lt.lane AND c.tier = lt.tier
+        ORDER BY c.key_round DESC, c.key_place DESC, c.key_seq DESC LIMIT 1;
+        CONTINUE WHEN cr IS NULL OR NOT EXISTS (
+            SELECT FROM pgqueue.flows x
+            WHERE x.lane = lt.lane AND x.tier = lt.tier AND NOT x.cut
+              AND (x.last_round, x.place, x.last_seq) <= (cr, cp, cs));
         CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtextextended(lt.lane,
                                   array_position(enum_range(NULL::pgqueue.tier), lt.tier)));
         SELECT j.key_round, j.key_place, j.key_seq INTO hr, hp, hs FROM pgqueue.jobs j
@@ -44,14 +51,21 @@ BEGIN
         DELETE FROM pgqueue.flows f WHERE f.ctid IN (
             SELECT x.ctid FROM pgqueue.flows x
             WHERE x.lane = lt.lane AND x.tier = lt.tier AND NOT x.cut
-              AND (hr IS NULL OR NOT EXISTS (
-                  SELECT FROM pgqueue.jobs j
-                  WHERE j.lane = lt.lane AND j.priority = lt.tier AND j.state = 'queued'
-                    AND j.key_round IS NOT NULL
-                    AND (j.key_round, j.key_place, j.key_seq) >= (hr, hp, hs)
-                    AND (j.key_round, j.key_place, j.key_seq)
-                        <= (x.last_round, x.place, x.last_seq)
-                    AND j.key_place = x.place AND j.tenant_id = x.tenant_id))
+              AND (x.last_round, x.place, x.last_seq) <= (cr, cp, cs)
+              AND CASE WHEN EXISTS (   -- its last stamped job is queued: the flow goes on
+                            SELECT FROM pgqueue.jobs j
+                            WHERE j.lane = lt.lane AND j.priority = lt.tier
+                              AND j.state = 'queued' AND (j.key_round, j.key_place, j.key_seq)
+                                                         = (x.last_round, x.place, x.last_seq))
+                       THEN false
+                       ELSE hr IS NULL OR NOT EXISTS (   -- nor is an earlier one
+                            SELECT FROM pgqueue.jobs j
+                            WHERE j.lane = lt.lane AND j.priority = lt.tier
+                              AND j.state = 'queued' AND j.key_round IS NOT NULL
+                              AND (j.key_round, j.key_place, j.key_seq) >= (hr, hp, hs)
+                              AND (j.key_round, j.key_place, j.key_seq)
+                                  <= (x.last_round, x.place, x.last_seq)
+                              AND j.key_place = x.place AND j.tenant_id = x.tenant_id) END
             LIMIT p_limit - total);
         GET DIAGNOSTICS n = ROW_COUNT;
         total := total + n;
