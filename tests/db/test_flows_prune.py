@@ -66,44 +66,58 @@ def test_pruning_removes_idle_flows_and_keeps_cut_and_live_ones(conn):
     assert _flows(conn) == {}
 
 
-def test_a_flow_whose_last_job_is_gone_but_an_earlier_one_queued_is_kept(conn):
-    """Its last stamped job cancelled, an earlier one still queued at its place: the row is
-    kept, so that tenants joining later take the places they would take with it. Pruned, two
-    joiners would sit before that queued job in its round (see the order test below)."""
+def _cancel_then_join(conn: psycopg.Connection[tuple[object, ...]], prune: bool) -> list[str]:
+    """d's last stamped job is cancelled while an earlier one is queued, ahead of the cursor;
+    then two tenants join. The order, with d's remaining job, e's and f's by name."""
     d, a = sorted(["d", "a", "q", "z"], key=stable_offset)[:2]  # d takes the lower place
     reset(conn)
     ids = add_jobs(conn, [(C, d, 7.0), (C, d, 1.0)] + [(C, a, 1.0)] * 10)
-    assert [x.tenant_id for x in claim(conn, 5)] == [a] * 5
-    conn.execute(
-        "UPDATE pgqueue.jobs SET state = 'cancelled', finished_at = now() WHERE id = %s",
-        (ids[1],),
-    )
-    conn.commit()
-    assert _prune(conn) == 0
-    assert (C.value, d) in _flows(conn)
-
-
-def _cancel_then_join(conn: psycopg.Connection[tuple[object, ...]], prune: bool) -> list[str]:
-    """The scenario of the test above, then two tenants join; the order, as tenant names and
-    each tenant's job number."""
-    d, a = sorted(["d", "a", "q", "z"], key=stable_offset)[:2]
-    reset(conn)
-    ids = add_jobs(conn, [(C, d, 7.0), (C, d, 1.0)] + [(C, a, 1.0)] * 10)
-    claim(conn, 5)
+    assert [x.tenant_id for x in claim(conn, 5)] == [a] * 5  # round 1; d's two are in round 2
     conn.execute(
         "UPDATE pgqueue.jobs SET state = 'cancelled', finished_at = now() WHERE id = %s",
         (ids[1],),
     )
     conn.commit()
     if prune:
-        _prune(conn)
+        # its last stamped job is gone, but the cursor has not reached its key: kept (pruned,
+        # the two joiners would take places before d's queued job in its round)
+        assert _prune(conn) == 0
+        assert (C.value, d) in _flows(conn)
     joined = add_jobs(conn, [(C, "e", 1.0), (C, "f", 1.0)])
     names = {ids[0]: f"{d}1", joined[0]: "e1", joined[1]: "f1"}
     return [names.get(x.job_id, x.tenant_id) for x in claim_n(conn, 100, batch=3)]
 
 
-def test_pruning_with_a_job_left_behind_keeps_the_order(conn):
+def test_a_cancelled_last_job_ahead_of_the_cursor_keeps_its_flow_and_the_order(conn):
     assert _cancel_then_join(conn, prune=True) == _cancel_then_join(conn, prune=False)
+
+
+def _skipped_then_more(
+    conn: psycopg.Connection[tuple[object, ...]], db_dsn: str, prune: bool
+) -> list[str]:
+    """a's only job is locked by another session while claims take c's and b's round 1 past
+    it (SKIP LOCKED); then a enqueues again. The order, by tenant."""
+    a, c, b = sorted(["a", "c", "b", "x"], key=stable_offset)[:3]
+    reset(conn)
+    ids = add_jobs(conn, [(C, a, 1.0)] + [(C, c, 1.0)] * 6 + [(C, b, 1.0)] * 6)
+    conn.execute("SELECT pgqueue.fold(%s, 'critical')", (LANE,))  # a's job: the first key
+    conn.commit()
+    with psycopg.connect(db_dsn) as holder:
+        holder.execute("SELECT FROM pgqueue.jobs WHERE id = %s FOR UPDATE", (ids[0],))
+        taken = claim_n(conn, 10, batch=5)
+        assert [x.tenant_id for x in taken] == [c] * 5 + [b] * 5
+        if prune:
+            # its last key is behind the cursor, but its job is still queued: kept (pruned,
+            # a's next job would join afresh in round 2 instead of going on in round 1)
+            assert _prune(conn) == 0
+            assert (C.value, a) in _flows(conn)
+        add_jobs(conn, [(C, a, 1.0)])
+    return [x.tenant_id for x in claim_n(conn, 100, batch=2)]
+
+
+def test_a_last_job_skipped_by_the_claims_keeps_its_flow_and_the_order(conn, db_dsn):
+    with_pruning = _skipped_then_more(conn, db_dsn, prune=True)
+    assert with_pruning == _skipped_then_more(conn, db_dsn, prune=False)
 
 
 def test_transient_tenants_pruned_mid_run_get_the_reference_order(conn):

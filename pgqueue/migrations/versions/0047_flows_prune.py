@@ -1,11 +1,10 @@
 """Pruning of the scheduler's idle flow rows (issue 28 follow-up): ``pgqueue.flows`` kept a row
 per lane, tier and tenant ever backlogged, so a deployment with many transient tenants grew it
-forever. ``pgqueue.flows_prune`` (new file ``075_prune.sql``) deletes the rows that the horizon
-did not cut and none of whose stamped jobs is still queued (only flows whose last key the
-cursor has reached are looked at), one lane and tier at a time under ``pgqueue.fold``'s
-try-lock; such a tenant joins afresh at its next job either way, so the claim
-order is unchanged (docs/drr.md). Workers call it on their rescuer's round (named statement
-``flow_prune``), ``pgqueue prune`` on demand.
+forever. ``pgqueue.flows_prune`` (new file ``075_prune.sql``) deletes the rows of tenants that
+left: not cut by the horizon, last stamped job no longer queued, last key reached by the
+cursor; one lane and tier at a time under ``pgqueue.fold``'s try-lock. Such a tenant joins
+afresh at its next job either way, so the claim order is unchanged (docs/drr.md). Workers call
+it on their rescuer's round (named statement ``flow_prune``), ``pgqueue prune`` on demand.
 
 Revision ID: 0047
 Revises: 0044
@@ -28,8 +27,9 @@ SET jit TO 'off'
 AS $$
 DECLARE
     lt record;
-    cr bigint; cp numeric; cs bigint;
-    hr bigint; hp numeric; hs bigint;
+    cr bigint;
+    cp numeric;
+    cs bigint;
     n bigint;
     total bigint := 0;
 BEGIN
@@ -44,28 +44,15 @@ BEGIN
               AND (x.last_round, x.place, x.last_seq) <= (cr, cp, cs));
         CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtextextended(lt.lane,
                                   array_position(enum_range(NULL::pgqueue.tier), lt.tier)));
-        SELECT j.key_round, j.key_place, j.key_seq INTO hr, hp, hs FROM pgqueue.jobs j
-        WHERE j.lane = lt.lane AND j.priority = lt.tier AND j.state = 'queued'
-          AND j.key_round IS NOT NULL
-        ORDER BY j.key_round, j.key_place, j.key_seq LIMIT 1;
         DELETE FROM pgqueue.flows f WHERE f.ctid IN (
             SELECT x.ctid FROM pgqueue.flows x
             WHERE x.lane = lt.lane AND x.tier = lt.tier AND NOT x.cut
               AND (x.last_round, x.place, x.last_seq) <= (cr, cp, cs)
-              AND CASE WHEN EXISTS (   -- its last stamped job is queued: the flow goes on
-                            SELECT FROM pgqueue.jobs j
-                            WHERE j.lane = lt.lane AND j.priority = lt.tier
-                              AND j.state = 'queued' AND (j.key_round, j.key_place, j.key_seq)
-                                                         = (x.last_round, x.place, x.last_seq))
-                       THEN false
-                       ELSE hr IS NULL OR NOT EXISTS (   -- nor is an earlier one
-                            SELECT FROM pgqueue.jobs j
-                            WHERE j.lane = lt.lane AND j.priority = lt.tier
-                              AND j.state = 'queued' AND j.key_round IS NOT NULL
-                              AND (j.key_round, j.key_place, j.key_seq) >= (hr, hp, hs)
-                              AND (j.key_round, j.key_place, j.key_seq)
-                                  <= (x.last_round, x.place, x.last_seq)
-                              AND j.key_place = x.place AND j.tenant_id = x.tenant_id) END
+              AND NOT EXISTS (
+                  SELECT FROM pgqueue.jobs j
+                  WHERE j.lane = lt.lane AND j.priority = lt.tier AND j.state = 'queued'
+                    AND (j.key_round, j.key_place, j.key_seq)
+                        = (x.last_round, x.place, x.last_seq))
             LIMIT p_limit - total);
         GET DIAGNOSTICS n = ROW_COUNT;
         total := total + n;

@@ -2,15 +2,14 @@
 -- (sql/queries/jobs.sql); the scheduler's idle flow rows by flows_prune, below. The worker
 -- runs both on its rescuer's round (pgqueue.worker.upkeep), `pgqueue prune` on demand.
 
--- Delete up to p_limit rows of pgqueue.flows (070_scheduler.sql) that no queued job needs:
--- flows the horizon did not cut none of whose stamped jobs is queued any more (a flow's jobs
--- carry its place, between the lane and tier's next key and the flow's last key). At its next
--- job such a tenant joins afresh whether its row is there or not (pgqueue.stamp's flows_in),
--- so pruning leaves the claim order as it was (docs/drr.md, "Pruning"). Only flows whose last
--- key is at or before the cursor (claimed, or passed) are looked at, so that the live flows
--- of a busy lane cost a comparison each. A lane and tier with such flows is pruned under
--- pgqueue.fold's try-lock (a pair being folded is skipped), by statements after the lock,
--- which see what the last fold committed. Returns the number of rows deleted.
+-- Delete up to p_limit rows of pgqueue.flows (070_scheduler.sql) of tenants that left their
+-- lane and tier: flows the horizon did not cut, whose last stamped job is no longer queued,
+-- and whose last key the cursor has reached (claimed in key order, or passed). At its next
+-- job such a tenant joins afresh, in a round after the cursor's, whether its row is there or
+-- not (pgqueue.stamp's flows_in), so pruning leaves the claim order as it was (docs/drr.md,
+-- "Pruning"). A lane and tier with such rows is pruned under pgqueue.fold's try-lock (a pair
+-- being folded is skipped), by a statement after the lock, which sees what the last fold
+-- committed; one with none is not locked. Returns the number of rows deleted.
 CREATE OR REPLACE FUNCTION pgqueue.flows_prune(p_limit integer)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -18,8 +17,9 @@ SET jit TO 'off'
 AS $$
 DECLARE
     lt record;
-    cr bigint; cp numeric; cs bigint;
-    hr bigint; hp numeric; hs bigint;
+    cr bigint;
+    cp numeric;
+    cs bigint;
     n bigint;
     total bigint := 0;
 BEGIN
@@ -34,28 +34,15 @@ BEGIN
               AND (x.last_round, x.place, x.last_seq) <= (cr, cp, cs));
         CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtextextended(lt.lane,
                                   array_position(enum_range(NULL::pgqueue.tier), lt.tier)));
-        SELECT j.key_round, j.key_place, j.key_seq INTO hr, hp, hs FROM pgqueue.jobs j
-        WHERE j.lane = lt.lane AND j.priority = lt.tier AND j.state = 'queued'
-          AND j.key_round IS NOT NULL
-        ORDER BY j.key_round, j.key_place, j.key_seq LIMIT 1;
         DELETE FROM pgqueue.flows f WHERE f.ctid IN (
             SELECT x.ctid FROM pgqueue.flows x
             WHERE x.lane = lt.lane AND x.tier = lt.tier AND NOT x.cut
               AND (x.last_round, x.place, x.last_seq) <= (cr, cp, cs)
-              AND CASE WHEN EXISTS (   -- its last stamped job is queued: the flow goes on
-                            SELECT FROM pgqueue.jobs j
-                            WHERE j.lane = lt.lane AND j.priority = lt.tier
-                              AND j.state = 'queued' AND (j.key_round, j.key_place, j.key_seq)
-                                                         = (x.last_round, x.place, x.last_seq))
-                       THEN false
-                       ELSE hr IS NULL OR NOT EXISTS (   -- nor is an earlier one
-                            SELECT FROM pgqueue.jobs j
-                            WHERE j.lane = lt.lane AND j.priority = lt.tier
-                              AND j.state = 'queued' AND j.key_round IS NOT NULL
-                              AND (j.key_round, j.key_place, j.key_seq) >= (hr, hp, hs)
-                              AND (j.key_round, j.key_place, j.key_seq)
-                                  <= (x.last_round, x.place, x.last_seq)
-                              AND j.key_place = x.place AND j.tenant_id = x.tenant_id) END
+              AND NOT EXISTS (
+                  SELECT FROM pgqueue.jobs j
+                  WHERE j.lane = lt.lane AND j.priority = lt.tier AND j.state = 'queued'
+                    AND (j.key_round, j.key_place, j.key_seq)
+                        = (x.last_round, x.place, x.last_seq))
             LIMIT p_limit - total);
         GET DIAGNOSTICS n = ROW_COUNT;
         total := total + n;
