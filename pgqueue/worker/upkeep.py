@@ -44,10 +44,10 @@ async def prune(pool: Pool, older_than_seconds: float) -> None:
 
 
 async def prune_flows(pool: Pool, limit: int = 5000) -> int:
-    """Delete up to ``limit`` rows of the scheduler's ``pgqueue.flows`` that no queued job
-    needs (``flow_prune``: tenants that left a lane and tier rejoin afresh, in the same order),
-    one pruner at a time (the row ``prune`` of ``pgqueue.leader_locks``). Returns how many
-    rows went; 0 on a database error, which is logged."""
+    """Delete up to ``limit`` rows of the scheduler's ``pgqueue.flows`` of tenants that left
+    a lane and tier (``flow_prune``; they rejoin afresh, in the same order), one pruner at a
+    time (the row ``prune`` of ``pgqueue.leader_locks``). Returns how many rows went; 0 on a
+    database error, which is logged."""
     try:
         async with pool.connection() as conn:
             row = await queries.arun(conn, "flow_prune", {"limit": limit})

@@ -2,10 +2,10 @@
 -- tables.
 
 -- name: flow_prune :one
--- Delete up to `limit` rows of pgqueue.flows that no queued job needs (pgqueue.flows_prune,
--- 075_prune.sql: tenants that left a lane and tier; they rejoin afresh, in the same order);
--- one pruner at a time (the row 'prune' of pgqueue.leader_locks, as job_prune: a concurrent
--- call deletes nothing). Returns how many.
+-- Delete up to `limit` rows of pgqueue.flows of tenants that left their lane and tier
+-- (pgqueue.flows_prune, 075_prune.sql; they rejoin afresh, in the same order); one pruner at
+-- a time (the row 'prune' of pgqueue.leader_locks, as job_prune: a concurrent call deletes
+-- nothing). Returns how many.
 WITH leader AS MATERIALIZED (
     SELECT l.name FROM pgqueue.leader_locks l WHERE l.name = 'prune' FOR UPDATE SKIP LOCKED
 )
