@@ -136,3 +136,27 @@ def prune_finished(
         total += deleted
         if deleted < batch:
             return total
+
+
+def prune_flows(conn: psycopg.Connection[Any], *, batch: int = 10_000) -> int:
+    """Delete the scheduler's flow rows (``pgqueue.flows``) of tenants that left a lane and tier
+    (not cut, last stamped job no longer queued, last key reached by the cursor), which rejoin
+    afresh at their next job, in the same order (see ``docs/drr.md``, "Pruning"). In batches
+    of ``batch`` rows (each its own statement); returns how many. Lanes and tiers being folded
+    just then are skipped. One pruner at a time (the row ``prune`` of
+    ``pgqueue.leader_locks``): a concurrent call deletes nothing.
+
+    Raises:
+        InvalidArgument: a batch below 1.
+    """
+    if batch < 1:
+        raise InvalidArgument("batch must be >= 1")
+    total = 0
+    while True:
+        row = queries.run(conn, "flow_prune", {"limit": batch})
+        if not conn.autocommit:
+            conn.commit()
+        deleted = int(row["deleted"])
+        total += deleted
+        if deleted < batch:
+            return total

@@ -277,10 +277,13 @@ def prune(
     ] = 7 * 86_400.0,
     dsn: DsnOption = None,
 ) -> None:
-    """Retention: delete finished jobs (queued and running jobs are never touched)."""
-    from pgqueue.admin import prune_finished
+    """Retention: delete finished jobs (queued and running jobs are never touched), and the
+    scheduler's flow rows of tenants with no queued job left in their lane and tier."""
+    from pgqueue.admin import prune_finished, prune_flows
 
     finite_in_range("--older-than", older_than, 0.0, _MAX_SECONDS)
     with psycopg.connect(_dsn(_settings(), dsn), autocommit=True) as conn:
         deleted = prune_finished(conn, older_than_seconds=older_than)
+        flows = prune_flows(conn)
     console.print(f"deleted {deleted} finished job(s)")
+    console.print(f"deleted {flows} idle scheduler flow row(s)")

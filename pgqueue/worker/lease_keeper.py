@@ -1,5 +1,6 @@
 """The worker's lease keeping: heartbeats for the jobs it holds, and the rescue of jobs whose
-lease expired (any worker's), with the pruner of finished jobs on the rescuer's round.
+lease expired (any worker's), with the pruners of finished jobs and of the scheduler's idle
+flow rows on the rescuer's round.
 
 The statements are :mod:`pgqueue.worker.leases`'; this module runs them on their schedule
 and counts what they find in the worker's stats.
@@ -21,7 +22,7 @@ from pgqueue.worker import leases, upkeep
 from pgqueue.worker.inflight import InFlight
 
 if TYPE_CHECKING:
-    from pgqueue.worker.runtime import WorkerStats
+    from pgqueue.worker.runs import WorkerStats
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -34,7 +35,8 @@ class LeaseKeeper:
     Args:
         jobs: the jobs the worker holds (their leases are extended).
         settings: ``heartbeat_seconds``, ``lease_seconds``, ``rescue_interval_seconds`` (±20 %
-            jitter), ``retention_seconds`` (None: no pruning).
+            jitter), ``retention_seconds`` (None: no pruning of finished jobs; idle flow
+            rows are pruned on every round).
         stats: where lost leases and rescued jobs are counted.
         wake: asks the producer to claim (rescued jobs are queued again).
         stopping: whether the worker is stopping (the heartbeat then keeps only what it must).
@@ -77,6 +79,7 @@ class LeaseKeeper:
             await self.rescue_once(pool)
             if self._settings.retention_seconds is not None:
                 await upkeep.prune(pool, self._settings.retention_seconds)
+            await upkeep.prune_flows(pool)
             jitter = self._rng.uniform(0.8, 1.2)
             await asyncio.sleep(self._settings.rescue_interval_seconds * jitter)
 

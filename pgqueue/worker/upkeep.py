@@ -1,6 +1,8 @@
-"""Table upkeep a worker runs beside its jobs: retention, counter compaction, and the vacuum of
-the scheduler's small, hot tables. Each touches only the database (no worker state); the
-worker (``pgqueue.worker.runtime``) starts the loops and passes its pool.
+"""Table upkeep a worker runs beside its jobs: retention, the pruning of the scheduler's idle
+flow rows, counter compaction, and the vacuum of the scheduler's small, hot tables. Each
+touches only the database (no worker state); the worker (``pgqueue.worker.runtime``) starts
+the loops and passes its pool (retention and flows on the rescuer's round,
+``pgqueue.worker.lease_keeper``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,20 @@ async def prune(pool: Pool, older_than_seconds: float) -> None:
             await queries.arun(conn, "job_prune", params)
     except psycopg.Error as exc:
         log.warning("prune failed (%s); will retry", exc)
+
+
+async def prune_flows(pool: Pool, limit: int = 5000) -> int:
+    """Delete up to ``limit`` rows of the scheduler's ``pgqueue.flows`` of tenants that left
+    a lane and tier (``flow_prune``; they rejoin afresh, in the same order), one pruner at a
+    time (the row ``prune`` of ``pgqueue.leader_locks``). Returns how many rows went; 0 on a
+    database error, which is logged."""
+    try:
+        async with pool.connection() as conn:
+            row = await queries.arun(conn, "flow_prune", {"limit": limit})
+    except psycopg.Error as exc:
+        log.warning("pruning idle flows failed (%s); will retry", exc)
+        return 0
+    return 0 if row is None else int(row["deleted"])
 
 
 async def compact_loop(pool: Pool, interval: float, rng: random.Random) -> None:

@@ -316,7 +316,7 @@ async def test_a_claim_under_way_at_a_stop_starts_none_of_its_jobs(
 ) -> None:
     """Found by a tester: a claim that outlived an outage returned after the stop ("no new
     claims") and its jobs ran. Here the stop comes while the claim statement runs."""
-    from pgqueue.worker import runtime
+    from pgqueue.worker import producer
 
     with psycopg.connect(db_dsn) as conn:
         pgqueue.enqueue_many(
@@ -324,7 +324,7 @@ async def test_a_claim_under_way_at_a_stop_starts_none_of_its_jobs(
         )
         conn.commit()
     worker = Worker(db_dsn, Settings(poll_interval_seconds=0.1), concurrency=4)
-    real = runtime.run_named
+    real = producer.run_named
 
     async def claim_then_stop(pool: Any, name: str, params: Any, **kwargs: Any) -> Any:
         rows = await real(pool, name, params, **kwargs)
@@ -332,7 +332,7 @@ async def test_a_claim_under_way_at_a_stop_starts_none_of_its_jobs(
             worker.request_stop()  # the stop arrives while the claim is under way
         return rows
 
-    monkeypatch.setattr(runtime, "run_named", claim_then_stop)
+    monkeypatch.setattr(producer, "run_named", claim_then_stop)
     stats = await asyncio.wait_for(worker.run(install_signal_handlers=False), 60)
     assert stats.claimed == 4
     assert stats.outcomes == {"queued": 4}  # interrupted: back to the queue

@@ -1,4 +1,15 @@
--- Upkeep a worker does besides claiming: vacuum of the scheduler's small, hot tables.
+-- Upkeep a worker does besides claiming: pruning and vacuum of the scheduler's small, hot
+-- tables.
+
+-- name: flow_prune :one
+-- Delete up to `limit` rows of pgqueue.flows of tenants that left their lane and tier
+-- (pgqueue.flows_prune, 075_prune.sql; they rejoin afresh, in the same order); one pruner at
+-- a time (the row 'prune' of pgqueue.leader_locks, as job_prune: a concurrent call deletes
+-- nothing). Returns how many.
+WITH leader AS MATERIALIZED (
+    SELECT l.name FROM pgqueue.leader_locks l WHERE l.name = 'prune' FOR UPDATE SKIP LOCKED
+)
+SELECT coalesce((SELECT pgqueue.flows_prune(%(limit)s) FROM leader), 0) AS deleted
 
 -- name: hot_tables_vacuum_due :one
 -- Whether the hot tables are due for a vacuum (nobody, autovacuum included, vacuumed the

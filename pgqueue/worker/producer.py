@@ -1,0 +1,231 @@
+"""The producer: the only part of a worker that claims. It wakes on NOTIFY, a jittered poll, a
+freed slot or the next due ``run_at``, claims at most the free slots (at most
+``claim_batch_max`` at once), starts one task per claimed job, and decides when a burst worker
+has nothing left to run. A database that stops answering pauses it; it does not end it.
+
+:class:`Producer` is one part of :class:`pgqueue.worker.runtime.Worker`, which sets the state
+declared here and calls :meth:`Producer._produce` until a stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from pgqueue.batches.lane import open_batches, park_claimed
+from pgqueue.db import queries
+from pgqueue.models import Job
+from pgqueue.observability import metrics
+from pgqueue.worker.decoding import Undecodable
+from pgqueue.worker.executor import SharedDeadline
+from pgqueue.worker.lease_keeper import LeaseKeeper
+from pgqueue.worker.outage import OUTAGE_PAUSE_SECONDS, PRODUCER_RETRY_SECONDS, OutageLog
+from pgqueue.worker.runs import JobRuns
+from pgqueue.worker.transient import first_line, is_transient, run_named, transient_retry
+
+log = logging.getLogger("pgqueue.worker")
+
+
+class Producer(JobRuns):
+    """Claims jobs for the free slots and starts them (a part of
+    :class:`~pgqueue.worker.runtime.Worker`, whose ``__init__`` sets these attributes)."""
+
+    worker_id: str
+    burst: bool
+    _stop: asyncio.Event
+    _stopping: bool
+    _leases: LeaseKeeper
+    # seconds until the provider's limits have room again, from the last claim (None: room)
+    _blocked_seconds: float | None
+    _pool: AsyncConnectionPool[Any] | None
+
+    async def _produce(self) -> None:
+        """Claim until stopped (or, in burst mode, until nothing is left to run).
+
+        A database that stops answering does not end the worker: a claim that outlived
+        :func:`transient_retry` is logged and tried again after a pause (until a stop), while
+        the jobs already claimed run on, and their outcomes are retried by the completer.
+        (Found by a tester: after an outage of over 30 s the worker exited 1 without draining
+        its jobs, and their writes then failed on the closed pool.)
+        """
+        batch = min(self.concurrency, self.settings.claim_batch_max or self.concurrency)
+        outage = OutageLog()
+        while not self._stopping:
+            tried = time.monotonic()
+            try:
+                more = await self._produce_once(batch)
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                outage.failed(tried, exc, len(self._jobs.running))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), OUTAGE_PAUSE_SECONDS)
+                continue
+            outage.answered()
+            if not more:
+                return
+
+    async def _produce_once(self, batch: int) -> bool:
+        """One claim (when slots are free), then a wait for a reason to claim again; False when a
+        burst worker has nothing left to run."""
+        free = self.concurrency - len(self._jobs.running)
+        fold = 0 < free < min(batch, self.concurrency // 2)
+        if fold and self.settings.claim_fold_seconds > 0:
+            # Busy: let a few more slots free up so that one claim takes several jobs.
+            await asyncio.sleep(self.settings.claim_fold_seconds)
+            free = self.concurrency - len(self._jobs.running)
+        claimed = 0
+        # Whatever woke the producer is answered now: by this claim or, with every slot
+        # busy, by the claim a freed slot (it sets the event again) triggers. Left set while
+        # every slot was busy, a wake-up made this loop spin at full CPU (found by a tester).
+        self._wake.clear()
+        if free > 0:
+            want = min(free, batch)
+            claimed = await self._claim(want)
+            if claimed == want:
+                return True  # the queue may hold more: claim again (at once if slots are free)
+        timeout = self.settings.poll_interval_seconds * self._rng.uniform(0.8, 1.2)
+        if self._blocked_seconds is not None and free > 0:
+            # Work is due but the provider's limits are spent: wait for the refill.
+            timeout = min(timeout, max(self._blocked_seconds, 0.01))
+        elif free > 0 and claimed == 0:
+            due = await self._next_due()
+            if (
+                self.burst
+                # none that can be stored (found by a tester: successes still waiting for
+                # their batched write, their rows held, got the stop's last 10 s only)
+                and len(self._jobs.running) == len(self._jobs.lost_runs())
+                and not self._jobs.flushing
+                and (due is None or due > self.settings.burst_horizon_seconds)
+                and self._pool is not None
+                and not await open_batches(self._pool)  # the lane's jobs are not done yet
+            ):
+                if await self._leases.rescue_once(self._pool):
+                    return True  # expired leases went back to the queue: run them first
+                # The background rescuer may just have put jobs back (found by a tester:
+                # a burst worker started beside expired leases exited with them queued).
+                due = await self._next_due()
+                if due is not None and due <= self.settings.burst_horizon_seconds:
+                    return True
+                left = await self._queued_kinds(sorted(self._cannot_run))
+                if left:  # (found by a tester: it said so with none of them queued)
+                    log.warning(
+                        "burst: nothing left that this worker can run; jobs of kind %s stay "
+                        "queued for a worker that can",
+                        ", ".join(left),
+                    )
+                log.info("burst: nothing left to run; exiting")
+                return False
+            if due is not None:
+                timeout = min(timeout, max(due, 0.01))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        return True
+
+    async def _claim(self, limit: int) -> int:
+        assert self._pool is not None
+        params = {
+            "limit": limit,
+            "worker_id": self.worker_id,
+            "lease_seconds": self.settings.lease_seconds,
+            # their lanes are left to workers that can run them (nothing taken from a model's
+            # buckets for a job this worker would put back)
+            "skip_kinds": sorted(self._cannot_run),
+        }
+        started = time.perf_counter()
+        rows = await run_named(
+            self._pool,
+            "job_claim",
+            params,
+            retry_seconds=PRODUCER_RETRY_SECONDS,
+            connection_wait_seconds=PRODUCER_RETRY_SECONDS,
+        )
+        first = next((row for row in rows if row["id"] is not None), None)
+        if first is not None and not first["durable"]:
+            await self._make_durable(first)
+        metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
+        metrics.CLAIMS.inc()
+        self._blocked_seconds = None
+        claimed = 0
+        by_tier: Counter[str] = Counter()
+        to_batch: list[Job] = []
+        # the jobs of one claim start together: one timer for their provider timeout
+        deadline = SharedDeadline(self.settings.provider_timeout_seconds, len(rows))
+        for row in rows:
+            if row["id"] is None:  # the provider's limits stopped the batch
+                self._blocked_seconds = float(row["blocked_seconds"])
+                metrics.RATELIMIT_WAITS.inc()
+                deadline.finish()
+                continue
+            claimed += 1
+            payload = row["payload"]
+            poison = payload if isinstance(payload, Undecodable) else None
+            job = Job.from_row(row if poison is None else {**row, "payload": {}})
+            by_tier[job.priority.value] += 1
+            if row["to_batch"] and poison is None:  # the batches lane's: parked below, not run
+                to_batch.append(job)
+                deadline.finish()
+                continue
+            task = asyncio.create_task(
+                self._run_job(job, deadline, poison), name=f"pgqueue-job-{job.id}"
+            )
+            if self._jobs.add(job, task):  # an earlier run of it here lost its lease
+                self.stats.lost_leases += 1
+            if self._stopping:
+                # A claim under way when the stop came (found by a tester: one that waited out
+                # an outage started its jobs after "no new claims"): its jobs never start, and
+                # the drain returns them to the queue without using an attempt.
+                task.cancel()
+        if to_batch:
+            await park_claimed(self._pool, to_batch, self.settings.batches_max_requests)
+        for tier, count in by_tier.items():
+            metrics.JOBS_CLAIMED.labels(tier).inc(count)
+        self.stats.claimed += claimed
+        metrics.SLOTS_IN_USE.set(len(self._jobs.running))
+        return claimed
+
+    async def _make_durable(self, row: dict[str, Any]) -> None:
+        """Wait until the claim just received is flushed to disk (``job_claim_durable``), so
+        that a crash of Postgres cannot lose a claim whose handlers run. If the database does
+        not answer, the jobs run anyway (a claim lost then runs its jobs again, as before)."""
+        assert self._pool is not None
+        try:
+            await run_named(
+                self._pool,
+                "job_claim_durable",
+                {k: row[k] for k in ("id", "tenant_id", "lease_token")},
+                retry_seconds=PRODUCER_RETRY_SECONDS,
+                connection_wait_seconds=PRODUCER_RETRY_SECONDS,
+            )
+        except (psycopg.Error, PoolTimeout) as exc:
+            log.warning("could not wait for the claim to be flushed (%s)", first_line(exc))
+
+    async def _queued_kinds(self, kinds: list[str]) -> list[str]:
+        """Which of ``kinds`` still have queued jobs (none asked: no statement); an empty list
+        when the database cannot say (it only words a warning)."""
+        if not kinds:
+            return []
+        assert self._pool is not None
+        try:
+            async with self._pool.connection(timeout=PRODUCER_RETRY_SECONDS) as conn:
+                rows = await queries.arun(conn, "job_queued_kinds", {"kinds": kinds})
+        except (psycopg.Error, PoolTimeout):
+            return []
+        return [str(r["kind"]) for r in rows]
+
+    async def _next_due(self) -> float | None:
+        assert self._pool is not None
+        async for attempt in transient_retry(PRODUCER_RETRY_SECONDS):
+            with attempt:
+                async with self._pool.connection(timeout=PRODUCER_RETRY_SECONDS) as conn:
+                    row = await queries.arun(
+                        conn, "job_next_due", {"skip_kinds": sorted(self._cannot_run)}
+                    )
+        return None if row is None or row["seconds"] is None else float(row["seconds"])
