@@ -102,11 +102,12 @@ BEGIN
         FROM pending p
         LEFT JOIN pgqueue.flows f
                ON f.lane = p_lane AND f.tier = p_tier AND f.tenant_id = p.tenant_id
-        LEFT JOIN LATERAL (SELECT EXISTS (
-            SELECT FROM pgqueue.jobs j
+        LEFT JOIN LATERAL (  -- a probe per flow (as EXISTS, it was hashed over every job)
+            SELECT true AS holds_one FROM pgqueue.jobs j
             WHERE j.lane = p_lane AND j.priority = p_tier AND j.state = 'queued'
-              AND (j.key_round, j.key_place, j.key_seq) = (f.last_round, f.place, f.last_seq))
-            AS holds_one) h ON true
+              AND j.key_round = f.last_round AND j.key_place = f.place
+              AND j.key_seq = f.last_seq
+            LIMIT 1) h ON true
         WHERE p.tenant_id IS NOT NULL
     ), joiners AS (
         SELECT tenant_id, count(*) OVER () AS m,
