@@ -61,8 +61,8 @@ BEGIN
     look_at_all := lt.full_at < now() - interval '1 second';
     -- The tenants to visit: those with jobs due since the last fold (a skip scan over the
     -- distinct (run_at, tenant) pairs), the flows the horizon cut that may go on, and at most
-    -- once a second every tenant with unstamped due jobs (a job whose transaction began
-    -- before the last fold and committed after it).
+    -- once a second every tenant with unstamped due jobs and no cut flow (a job whose
+    -- transaction began before the last fold and committed after it).
     WITH RECURSIVE arrived(run_at, tenant_id) AS (
         (SELECT j.run_at, j.tenant_id FROM pgqueue.jobs j
          WHERE j.lane = p_lane AND j.priority = p_tier AND j.state = 'queued'
@@ -93,7 +93,9 @@ BEGIN
         UNION SELECT f.tenant_id FROM pgqueue.flows f   -- cut, and all its stamped jobs claimed
         WHERE f.lane = p_lane AND f.tier = p_tier AND f.cut
           AND (f.last_round, f.place, f.last_seq) <= (cr, cp, cs)
-        UNION SELECT e.tenant_id FROM everyone e
+        UNION SELECT e.tenant_id FROM everyone e   -- a cut flow goes on by the rules above
+        WHERE NOT EXISTS (SELECT FROM pgqueue.flows f WHERE f.lane = p_lane AND f.tier = p_tier
+                                                        AND f.tenant_id = e.tenant_id AND f.cut)
     ), flows_in AS (   -- a flow continues while its last stamped job is queued, or it was cut
         SELECT p.tenant_id, f.place, f.last_round, f.last_seq, f.credit,
                round(pgqueue.tenant_quantum(p.tenant_id) * 1000)::bigint AS q,
