@@ -21,10 +21,12 @@ $$;
 
 -- Stamp the unstamped due jobs of one lane and tier; the caller holds its try-lock
 -- (pgqueue.fold). Joiners first (places in refill_offset order between the last place before
--- the cursor's and the cursor's), then each flow's jobs in FIFO order up to `p_horizon` rounds
--- past the next key to claim (at least one job for a flow with none stamped): one tenant's
--- million jobs cost a fold a few rounds of them. One statement computes, two write (from
--- arrays, so that the writes are key probes). Returns the number of jobs stamped.
+-- the cursor's and the cursor's; a joiner's first job only), then each flow's jobs in FIFO
+-- order up to `p_horizon` rounds past the next key to claim (at least one job for a flow with
+-- none stamped), for at most pgqueue.stamp_slice_flows (default 64) flows the horizon cut:
+-- a fold costs a few jobs per tenant it visits, whatever one tenant's backlog, and 10,000 cut
+-- flows cost many small folds (claims stop at the frontier meanwhile). One statement
+-- computes, two write (from arrays: key probes). Returns the number of jobs stamped.
 CREATE OR REPLACE FUNCTION pgqueue.stamp(p_lane text, p_tier pgqueue.tier, p_horizon integer)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -38,6 +40,7 @@ DECLARE
     cs bigint;
     base bigint;
     look_at_all boolean;
+    slice constant integer := greatest(1, pgqueue.setting('stamp_slice_flows', 64)::integer);
     ids bigint[]; tenants text[]; rnds bigint[]; places numeric[]; seqs bigint[];
     f_tenants text[]; f_places numeric[]; f_rounds bigint[]; f_seqs bigint[];
     f_credits bigint[]; f_cuts boolean[]; f_nexts bigint[];
@@ -59,10 +62,9 @@ BEGIN
                             AND j.key_round IS NOT NULL
                           ORDER BY j.key_round, j.key_place, j.key_seq LIMIT 1));
     look_at_all := lt.full_at < now() - interval '1 second';
-    -- The tenants to visit: those with jobs due since the last fold (a skip scan over the
-    -- distinct (run_at, tenant) pairs), the flows the horizon cut that may go on, and at most
-    -- once a second every tenant with unstamped due jobs (a job whose transaction began
-    -- before the last fold and committed after it).
+    -- The tenants to visit: with jobs due since the last fold (a skip scan over the distinct
+    -- (run_at, tenant) pairs), a slice of the cut flows, and at most once a second any with
+    -- unstamped due jobs and no cut flow (a job that committed after a later fold began).
     WITH RECURSIVE arrived(run_at, tenant_id) AS (
         (SELECT j.run_at, j.tenant_id FROM pgqueue.jobs j
          WHERE j.lane = p_lane AND j.priority = p_tier AND j.state = 'queued'
@@ -88,12 +90,18 @@ BEGIN
         FROM everyone e WHERE e.tenant_id IS NOT NULL
     ), pending(tenant_id) AS (
         SELECT a.tenant_id FROM arrived a
-        UNION SELECT f.tenant_id FROM pgqueue.flows f
-        WHERE f.lane = p_lane AND f.tier = p_tier AND f.cut AND f.next_round <= base + p_horizon
-        UNION SELECT f.tenant_id FROM pgqueue.flows f   -- cut, and all its stamped jobs claimed
-        WHERE f.lane = p_lane AND f.tier = p_tier AND f.cut
-          AND (f.last_round, f.place, f.last_seq) <= (cr, cp, cs)
+        UNION SELECT c.tenant_id FROM (  -- cut, all its stamped jobs claimed (the frontier's)
+            SELECT f.tenant_id FROM pgqueue.flows f
+            WHERE f.lane = p_lane AND f.tier = p_tier AND f.cut
+              AND (f.last_round, f.place, f.last_seq) <= (cr, cp, cs)
+            ORDER BY f.last_round, f.place, f.last_seq LIMIT slice) c
+        UNION SELECT c.tenant_id FROM (SELECT f.tenant_id FROM pgqueue.flows f  -- cut, its next
+            WHERE f.lane = p_lane AND f.tier = p_tier AND f.cut  -- job within the horizon
+              AND f.next_round <= base + p_horizon ORDER BY f.next_round, f.place LIMIT slice) c
         UNION SELECT e.tenant_id FROM everyone e
+        WHERE NOT EXISTS (SELECT FROM pgqueue.flows f
+                          WHERE f.lane = p_lane AND f.tier = p_tier
+                            AND f.tenant_id = e.tenant_id AND f.cut)
     ), flows_in AS (   -- a flow continues while its last stamped job is queued, or it was cut
         SELECT p.tenant_id, f.place, f.last_round, f.last_seq, f.credit,
                round(pgqueue.tenant_quantum(p.tenant_id) * 1000)::bigint AS q,
@@ -117,7 +125,7 @@ BEGIN
         SELECT max(f.place) AS place FROM pgqueue.flows f
         WHERE f.lane = p_lane AND f.tier = p_tier AND f.place < cp
     ), starts AS (
-        SELECT fi.tenant_id, fi.q, fi.holds_one,
+        SELECT fi.tenant_id, fi.q, fi.holds_one, fi.continuing,
                CASE WHEN fi.continuing THEN fi.place
                     WHEN pred.place IS NULL THEN cp - (jn.m + 1 - jn.i)
                     ELSE pred.place + (cp - pred.place) * jn.i / (jn.m + 1) END AS place,
@@ -126,7 +134,8 @@ BEGIN
                CASE WHEN fi.continuing THEN fi.last_seq ELSE 0 END AS s0
         FROM flows_in fi LEFT JOIN joiners jn USING (tenant_id) CROSS JOIN pred
     ), fetched AS (   -- each flow's next due jobs: a job costs >= 1000 units, so one more
-                      -- than can fall within the horizon (a row left over: the flow is cut)
+                      -- than can fall within the horizon (a row left over: the flow is cut);
+                      -- a joiner's first job and one more
         SELECT s.*, j.id, j.cost, count(*) OVER (PARTITION BY s.tenant_id) AS n_fetched,
                row_number() OVER w AS k, (sum(j.cost) OVER w)::bigint AS cum
         FROM starts s CROSS JOIN LATERAL (
@@ -135,10 +144,14 @@ BEGIN
             WHERE j.lane = p_lane AND j.priority = p_tier AND j.tenant_id = s.tenant_id
               AND j.state = 'queued' AND j.key_round IS NULL AND j.run_at <= now()
             ORDER BY j.run_at, j.id
-            LIMIT greatest(2, (p_horizon + 1 + base - s.r0) * s.q / 1000 + 1)) j
+            LIMIT CASE WHEN s.continuing
+                       THEN greatest(2, (p_horizon + 1 + base - s.r0) * s.q / 1000 + 1)
+                       ELSE 2 END) j
         WINDOW w AS (PARTITION BY s.tenant_id ORDER BY j.run_at, j.id)
     ), kept AS (
-        SELECT f.*, r.rnd, r.rnd <= base + p_horizon OR (f.k = 1 AND NOT f.holds_one) AS keep
+        SELECT f.*, r.rnd,
+               (f.continuing AND r.rnd <= base + p_horizon) OR (f.k = 1 AND NOT f.holds_one)
+                   AS keep
         FROM fetched f, LATERAL (SELECT f.r0 + greatest(0, (f.cum - f.d0 + f.q - 1) / f.q)) r(rnd)
     ), numbered AS (
         SELECT k.*, lt.seq + row_number() OVER (ORDER BY k.tenant_id, k.k) AS sq
@@ -177,7 +190,7 @@ BEGIN
         credit = excluded.credit, cut = excluded.cut, next_round = excluded.next_round;
     UPDATE pgqueue.lane_tiers l
     SET seq = l.seq + coalesce(cardinality(ids), 0), folded_at = now(),
-        full_at = CASE WHEN look_at_all THEN now() ELSE l.full_at END,
+        full_at = CASE WHEN look_at_all THEN clock_timestamp() ELSE l.full_at END,
         (frontier_round, frontier_place, frontier_seq) = (
             SELECT f.last_round, f.place, f.last_seq FROM pgqueue.flows f
             WHERE f.lane = p_lane AND f.tier = p_tier AND f.cut
