@@ -1,10 +1,16 @@
-"""Scale of the claim (issue 28, done-when 5): ``pgqueue.stamp`` bounds a fold's work by
-tenants, not jobs. A joiner gets its first job only; at most ``pgqueue.stamp_slice_flows``
-(default 64) cut flows go on per fold, found by a range of the new index
-``flows_cut_next_idx`` (and of ``flows_cut_idx`` for those all of whose stamped jobs were
-claimed) instead of a scan of every flow; the once-a-second sweep skips tenants with a cut
-flow, and its clock restarts when it ends (at 1,000,000 jobs of 10,000 tenants the sweep took
-3.5 s and every claim ran it, bench/scale.py).
+"""Scale of the claim (issue 28, done-when 5; bench/scale.py): ``pgqueue.stamp`` bounds a fold's
+work by tenants, not jobs. At most ``pgqueue.stamp_slice_flows`` (default 64) cut flows go on
+per fold, found by ranges of the new index ``flows_cut_next_idx`` and of ``flows_cut_idx``
+instead of a scan of every flow, and as many joiners get their horizon (the others their first
+job). The once-a-second sweep skips tenants with a cut flow and restarts its clock when it
+ends (at 1,000,000 jobs of 10,000 tenants it took 3.5 s, so every claim ran it). Whether a
+flow still holds a queued job is a probe of ``jobs_claim_idx`` (LIMIT 1), never a hashed
+subplan over every queued job (chosen without statistics right after one tenant's 1,000,000
+jobs committed: 420 ms a fold). A tenant's FIFO is read from ``jobs_unstamped_idx``
+(incremental sort off: with 500,000 finished rows the planner walked every queued job by
+``run_at``). The arrival scan starts ``pgqueue.stamp_arrival_margin`` (0.1 s) before the last
+fold (an enqueue's ``run_at`` is its transaction's start: a job committed just after a fold
+began waited for the sweep, up to 1 s) and skips tenants with a cut flow.
 
 Revision ID: 0046
 Revises: 0044
@@ -25,6 +31,7 @@ RETURNS bigint
 LANGUAGE plpgsql
 SET jit TO 'off'
 SET enable_seqscan TO 'off'
+SET enable_incremental_sort TO 'off'  -- a tenant's FIFO is a range of jobs_unstamped_idx
 AS $$
 DECLARE
     lt pgqueue.lane_tiers;
@@ -34,6 +41,7 @@ DECLARE
     base bigint;
     look_at_all boolean;
     slice constant integer := greatest(1, pgqueue.setting('stamp_slice_flows', 64)::integer);
+    margin constant interval := make_interval(secs => pgqueue.setting('stamp_arrival_margin', 0.1));
     ids bigint[]; tenants text[]; rnds bigint[]; places numeric[]; seqs bigint[];
     f_tenants text[]; f_places numeric[]; f_rounds bigint[]; f_seqs bigint[];
     f_credits bigint[]; f_cuts boolean[]; f_nexts bigint[];
@@ -55,13 +63,15 @@ BEGIN
                             AND j.key_round IS NOT NULL
                           ORDER BY j.key_round, j.key_place, j.key_seq LIMIT 1));
     look_at_all := lt.full_at < now() - interval '1 second';
-    -- The tenants to visit: with jobs due since the last fold (a skip scan over the distinct
-    -- (run_at, tenant) pairs), a slice of the cut flows, and at most once a second any with
-    -- unstamped due jobs and no cut flow (a job that committed after a later fold began).
+    -- The tenants to visit: a slice of the cut flows, and those with no cut flow and jobs due
+    -- since 0.1 s before the last fold began (a skip scan over the distinct (run_at, tenant)
+    -- pairs: an enqueue's run_at is its transaction's start), or, at most once a second, any
+    -- unstamped due jobs (a job that committed later still).
     WITH RECURSIVE arrived(run_at, tenant_id) AS (
         (SELECT j.run_at, j.tenant_id FROM pgqueue.jobs j
          WHERE j.lane = p_lane AND j.priority = p_tier AND j.state = 'queued'
-           AND j.key_round IS NULL AND j.run_at >= lt.folded_at AND j.run_at <= now()
+           AND j.key_round IS NULL AND j.run_at >= lt.folded_at - margin
+           AND j.run_at <= now()
          ORDER BY j.run_at, j.tenant_id LIMIT 1)
         UNION ALL
         SELECT n.run_at, n.tenant_id FROM arrived a, LATERAL (
@@ -82,7 +92,10 @@ BEGIN
                 ORDER BY j.tenant_id LIMIT 1)
         FROM everyone e WHERE e.tenant_id IS NOT NULL
     ), pending(tenant_id) AS (
-        SELECT a.tenant_id FROM arrived a
+        SELECT n.tenant_id FROM (SELECT tenant_id FROM arrived
+                                 UNION SELECT tenant_id FROM everyone) n
+        WHERE NOT EXISTS (SELECT FROM pgqueue.flows f WHERE f.lane = p_lane AND f.tier = p_tier
+                                                        AND f.tenant_id = n.tenant_id AND f.cut)
         UNION SELECT c.tenant_id FROM (  -- cut, all its stamped jobs claimed (the frontier's)
             SELECT f.tenant_id FROM pgqueue.flows f
             WHERE f.lane = p_lane AND f.tier = p_tier AND f.cut
@@ -91,10 +104,6 @@ BEGIN
         UNION SELECT c.tenant_id FROM (SELECT f.tenant_id FROM pgqueue.flows f  -- cut, its next
             WHERE f.lane = p_lane AND f.tier = p_tier AND f.cut  -- job within the horizon
               AND f.next_round <= base + p_horizon ORDER BY f.next_round, f.place LIMIT slice) c
-        UNION SELECT e.tenant_id FROM everyone e
-        WHERE NOT EXISTS (SELECT FROM pgqueue.flows f
-                          WHERE f.lane = p_lane AND f.tier = p_tier
-                            AND f.tenant_id = e.tenant_id AND f.cut)
     ), flows_in AS (   -- a flow continues while its last stamped job is queued, or it was cut
         SELECT p.tenant_id, f.place, f.last_round, f.last_seq, f.credit,
                round(pgqueue.tenant_quantum(p.tenant_id) * 1000)::bigint AS q,
@@ -103,11 +112,11 @@ BEGIN
         FROM pending p
         LEFT JOIN pgqueue.flows f
                ON f.lane = p_lane AND f.tier = p_tier AND f.tenant_id = p.tenant_id
-        LEFT JOIN LATERAL (SELECT EXISTS (
-            SELECT FROM pgqueue.jobs j
-            WHERE j.lane = p_lane AND j.priority = p_tier AND j.state = 'queued'
-              AND (j.key_round, j.key_place, j.key_seq) = (f.last_round, f.place, f.last_seq))
-            AS holds_one) h ON true
+        LEFT JOIN LATERAL (SELECT true AS holds_one FROM pgqueue.jobs j  -- a probe, not a hash
+            WHERE j.lane = p_lane AND j.priority = p_tier AND j.state = 'queued'  -- of every job
+              AND j.key_round IS NOT NULL
+              AND (j.key_round, j.key_place, j.key_seq) = (f.last_round, f.place, f.last_seq)
+            LIMIT 1) h ON true
         WHERE p.tenant_id IS NOT NULL
     ), joiners AS (
         SELECT tenant_id, count(*) OVER () AS m,
@@ -118,7 +127,7 @@ BEGIN
         SELECT max(f.place) AS place FROM pgqueue.flows f
         WHERE f.lane = p_lane AND f.tier = p_tier AND f.place < cp
     ), starts AS (
-        SELECT fi.tenant_id, fi.q, fi.holds_one, fi.continuing,
+        SELECT fi.tenant_id, fi.q, fi.holds_one, fi.continuing OR jn.i <= slice AS whole,
                CASE WHEN fi.continuing THEN fi.place
                     WHEN pred.place IS NULL THEN cp - (jn.m + 1 - jn.i)
                     ELSE pred.place + (cp - pred.place) * jn.i / (jn.m + 1) END AS place,
@@ -127,8 +136,7 @@ BEGIN
                CASE WHEN fi.continuing THEN fi.last_seq ELSE 0 END AS s0
         FROM flows_in fi LEFT JOIN joiners jn USING (tenant_id) CROSS JOIN pred
     ), fetched AS (   -- each flow's next due jobs: a job costs >= 1000 units, so one more
-                      -- than can fall within the horizon (a row left over: the flow is cut);
-                      -- a joiner's first job and one more
+                      -- than can fall within the horizon (a row left over: the flow is cut)
         SELECT s.*, j.id, j.cost, count(*) OVER (PARTITION BY s.tenant_id) AS n_fetched,
                row_number() OVER w AS k, (sum(j.cost) OVER w)::bigint AS cum
         FROM starts s CROSS JOIN LATERAL (
@@ -137,13 +145,13 @@ BEGIN
             WHERE j.lane = p_lane AND j.priority = p_tier AND j.tenant_id = s.tenant_id
               AND j.state = 'queued' AND j.key_round IS NULL AND j.run_at <= now()
             ORDER BY j.run_at, j.id
-            LIMIT CASE WHEN s.continuing
+            LIMIT CASE WHEN s.whole
                        THEN greatest(2, (p_horizon + 1 + base - s.r0) * s.q / 1000 + 1)
                        ELSE 2 END) j
         WINDOW w AS (PARTITION BY s.tenant_id ORDER BY j.run_at, j.id)
     ), kept AS (
         SELECT f.*, r.rnd,
-               (f.continuing AND r.rnd <= base + p_horizon) OR (f.k = 1 AND NOT f.holds_one)
+               (f.whole AND r.rnd <= base + p_horizon) OR (f.k = 1 AND NOT f.holds_one)
                    AS keep
         FROM fetched f, LATERAL (SELECT f.r0 + greatest(0, (f.cum - f.d0 + f.q - 1) / f.q)) r(rnd)
     ), numbered AS (

@@ -21,17 +21,16 @@ $$;
 
 -- Stamp the unstamped due jobs of one lane and tier; the caller holds its try-lock
 -- (pgqueue.fold). Joiners first (places in refill_offset order between the last place before
--- the cursor's and the cursor's; a joiner's first job only), then each flow's jobs in FIFO
--- order up to `p_horizon` rounds past the next key to claim (at least one job for a flow with
--- none stamped), for at most pgqueue.stamp_slice_flows (default 64) flows the horizon cut:
--- a fold costs a few jobs per tenant it visits, whatever one tenant's backlog, and 10,000 cut
--- flows cost many small folds (claims stop at the frontier meanwhile). One statement
--- computes, two write (from arrays: key probes). Returns the number of jobs stamped.
+-- the cursor's and the cursor's), then flows in FIFO order up to `p_horizon` rounds past the
+-- next key to claim, at most pgqueue.stamp_slice_flows (default 64) cut ones and as many
+-- joiners a fold (the other joiners get their first job): its work grows with the tenants it
+-- visits, not their jobs. One statement computes, two write. Returns the jobs stamped.
 CREATE OR REPLACE FUNCTION pgqueue.stamp(p_lane text, p_tier pgqueue.tier, p_horizon integer)
 RETURNS bigint
 LANGUAGE plpgsql
 SET jit TO 'off'
 SET enable_seqscan TO 'off'
+SET enable_incremental_sort TO 'off'  -- a tenant's FIFO is a range of jobs_unstamped_idx
 AS $$
 DECLARE
     lt pgqueue.lane_tiers;
@@ -41,6 +40,7 @@ DECLARE
     base bigint;
     look_at_all boolean;
     slice constant integer := greatest(1, pgqueue.setting('stamp_slice_flows', 64)::integer);
+    margin constant interval := make_interval(secs => pgqueue.setting('stamp_arrival_margin', 0.1));
     ids bigint[]; tenants text[]; rnds bigint[]; places numeric[]; seqs bigint[];
     f_tenants text[]; f_places numeric[]; f_rounds bigint[]; f_seqs bigint[];
     f_credits bigint[]; f_cuts boolean[]; f_nexts bigint[];
@@ -62,13 +62,15 @@ BEGIN
                             AND j.key_round IS NOT NULL
                           ORDER BY j.key_round, j.key_place, j.key_seq LIMIT 1));
     look_at_all := lt.full_at < now() - interval '1 second';
-    -- The tenants to visit: with jobs due since the last fold (a skip scan over the distinct
-    -- (run_at, tenant) pairs), a slice of the cut flows, and at most once a second any with
-    -- unstamped due jobs and no cut flow (a job that committed after a later fold began).
+    -- The tenants to visit: a slice of the cut flows, and those with no cut flow and jobs due
+    -- since 0.1 s before the last fold began (a skip scan over the distinct (run_at, tenant)
+    -- pairs: an enqueue's run_at is its transaction's start), or, at most once a second, any
+    -- unstamped due jobs (a job that committed later still).
     WITH RECURSIVE arrived(run_at, tenant_id) AS (
         (SELECT j.run_at, j.tenant_id FROM pgqueue.jobs j
          WHERE j.lane = p_lane AND j.priority = p_tier AND j.state = 'queued'
-           AND j.key_round IS NULL AND j.run_at >= lt.folded_at AND j.run_at <= now()
+           AND j.key_round IS NULL AND j.run_at >= lt.folded_at - margin
+           AND j.run_at <= now()
          ORDER BY j.run_at, j.tenant_id LIMIT 1)
         UNION ALL
         SELECT n.run_at, n.tenant_id FROM arrived a, LATERAL (
@@ -89,7 +91,10 @@ BEGIN
                 ORDER BY j.tenant_id LIMIT 1)
         FROM everyone e WHERE e.tenant_id IS NOT NULL
     ), pending(tenant_id) AS (
-        SELECT a.tenant_id FROM arrived a
+        SELECT n.tenant_id FROM (SELECT tenant_id FROM arrived
+                                 UNION SELECT tenant_id FROM everyone) n
+        WHERE NOT EXISTS (SELECT FROM pgqueue.flows f WHERE f.lane = p_lane AND f.tier = p_tier
+                                                        AND f.tenant_id = n.tenant_id AND f.cut)
         UNION SELECT c.tenant_id FROM (  -- cut, all its stamped jobs claimed (the frontier's)
             SELECT f.tenant_id FROM pgqueue.flows f
             WHERE f.lane = p_lane AND f.tier = p_tier AND f.cut
@@ -98,10 +103,6 @@ BEGIN
         UNION SELECT c.tenant_id FROM (SELECT f.tenant_id FROM pgqueue.flows f  -- cut, its next
             WHERE f.lane = p_lane AND f.tier = p_tier AND f.cut  -- job within the horizon
               AND f.next_round <= base + p_horizon ORDER BY f.next_round, f.place LIMIT slice) c
-        UNION SELECT e.tenant_id FROM everyone e
-        WHERE NOT EXISTS (SELECT FROM pgqueue.flows f
-                          WHERE f.lane = p_lane AND f.tier = p_tier
-                            AND f.tenant_id = e.tenant_id AND f.cut)
     ), flows_in AS (   -- a flow continues while its last stamped job is queued, or it was cut
         SELECT p.tenant_id, f.place, f.last_round, f.last_seq, f.credit,
                round(pgqueue.tenant_quantum(p.tenant_id) * 1000)::bigint AS q,
@@ -110,11 +111,11 @@ BEGIN
         FROM pending p
         LEFT JOIN pgqueue.flows f
                ON f.lane = p_lane AND f.tier = p_tier AND f.tenant_id = p.tenant_id
-        LEFT JOIN LATERAL (SELECT EXISTS (
-            SELECT FROM pgqueue.jobs j
-            WHERE j.lane = p_lane AND j.priority = p_tier AND j.state = 'queued'
-              AND (j.key_round, j.key_place, j.key_seq) = (f.last_round, f.place, f.last_seq))
-            AS holds_one) h ON true
+        LEFT JOIN LATERAL (SELECT true AS holds_one FROM pgqueue.jobs j  -- a probe, not a hash
+            WHERE j.lane = p_lane AND j.priority = p_tier AND j.state = 'queued'  -- of every job
+              AND j.key_round IS NOT NULL
+              AND (j.key_round, j.key_place, j.key_seq) = (f.last_round, f.place, f.last_seq)
+            LIMIT 1) h ON true
         WHERE p.tenant_id IS NOT NULL
     ), joiners AS (
         SELECT tenant_id, count(*) OVER () AS m,
@@ -125,7 +126,7 @@ BEGIN
         SELECT max(f.place) AS place FROM pgqueue.flows f
         WHERE f.lane = p_lane AND f.tier = p_tier AND f.place < cp
     ), starts AS (
-        SELECT fi.tenant_id, fi.q, fi.holds_one, fi.continuing,
+        SELECT fi.tenant_id, fi.q, fi.holds_one, fi.continuing OR jn.i <= slice AS whole,
                CASE WHEN fi.continuing THEN fi.place
                     WHEN pred.place IS NULL THEN cp - (jn.m + 1 - jn.i)
                     ELSE pred.place + (cp - pred.place) * jn.i / (jn.m + 1) END AS place,
@@ -134,8 +135,7 @@ BEGIN
                CASE WHEN fi.continuing THEN fi.last_seq ELSE 0 END AS s0
         FROM flows_in fi LEFT JOIN joiners jn USING (tenant_id) CROSS JOIN pred
     ), fetched AS (   -- each flow's next due jobs: a job costs >= 1000 units, so one more
-                      -- than can fall within the horizon (a row left over: the flow is cut);
-                      -- a joiner's first job and one more
+                      -- than can fall within the horizon (a row left over: the flow is cut)
         SELECT s.*, j.id, j.cost, count(*) OVER (PARTITION BY s.tenant_id) AS n_fetched,
                row_number() OVER w AS k, (sum(j.cost) OVER w)::bigint AS cum
         FROM starts s CROSS JOIN LATERAL (
@@ -144,13 +144,13 @@ BEGIN
             WHERE j.lane = p_lane AND j.priority = p_tier AND j.tenant_id = s.tenant_id
               AND j.state = 'queued' AND j.key_round IS NULL AND j.run_at <= now()
             ORDER BY j.run_at, j.id
-            LIMIT CASE WHEN s.continuing
+            LIMIT CASE WHEN s.whole
                        THEN greatest(2, (p_horizon + 1 + base - s.r0) * s.q / 1000 + 1)
                        ELSE 2 END) j
         WINDOW w AS (PARTITION BY s.tenant_id ORDER BY j.run_at, j.id)
     ), kept AS (
         SELECT f.*, r.rnd,
-               (f.continuing AND r.rnd <= base + p_horizon) OR (f.k = 1 AND NOT f.holds_one)
+               (f.whole AND r.rnd <= base + p_horizon) OR (f.k = 1 AND NOT f.holds_one)
                    AS keep
         FROM fetched f, LATERAL (SELECT f.r0 + greatest(0, (f.cum - f.d0 + f.q - 1) / f.q)) r(rnd)
     ), numbered AS (
