@@ -285,8 +285,11 @@ def phase_a(srv: Server, claims: int) -> dict[str, Any]:
     return out
 
 
-def explain(url: str) -> list[dict[str, Any]]:
-    """auto_explain of one claim + completion: per statement, its duration and scans of jobs."""
+def explain(url: str) -> dict[str, list[dict[str, Any]]]:
+    """auto_explain (ANALYZE, BUFFERS, nested statements) of one claim + completion: per
+    statement its duration and the scans of jobs, flows and cursors. `sweep`: the first claim
+    of a session (the once-a-second sweep is due); `steady`: the claim right after it."""
+    out: dict[str, list[dict[str, Any]]] = {}
     plans: list[str] = []
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("LOAD 'auto_explain'")
@@ -300,32 +303,30 @@ def explain(url: str) -> list[dict[str, Any]]:
         ):
             c.execute(f"SET {s}")
         c.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
-        rows = queries.run(c, "job_claim", {"limit": 10, "worker_id": "x", "lease_seconds": 60})
-        queries.run(
-            c,
-            "job_complete_many",
-            success_batch(
-                (r["id"], r["tenant_id"], r["lease_token"], None, None, None) for r in rows
-            ),
-        )
-    out = []
-    for p in plans:
-        lines = p.splitlines()
-        text = next(
-            (ln.split("Query Text:", 1)[1].strip() for ln in lines if "Query Text:" in ln), ""
-        )
-        keep = [
-            ln.rstrip()
-            for i, ln in enumerate(lines)
-            if " on jobs" in ln
-            or " on flows" in ln
-            or " on cursors" in ln
-            or (" Buffers:" in ln and i > 0 and (" on jobs" in lines[i - 1]))
-        ]
-        out.append(
-            {"duration": lines[0].strip() if lines else "", "query": text[:160], "scans": keep}
-        )
+        for label in ("sweep", "steady"):
+            plans.clear()
+            rows = queries.run(c, "job_claim", {"limit": 10, "worker_id": "x", "lease_seconds": 60})
+            queries.run(
+                c,
+                "job_complete_many",
+                success_batch(
+                    (r["id"], r["tenant_id"], r["lease_token"], None, None, None) for r in rows
+                ),
+            )
+            out[label] = [_plan_summary(p) for p in plans]
     return out
+
+
+def _plan_summary(plan: str) -> dict[str, Any]:
+    lines = plan.splitlines()
+    text = next((ln.split("Query Text:", 1)[1].strip() for ln in lines if "Query Text:" in ln), "")
+    scans = [
+        ln.rstrip()
+        for i, ln in enumerate(lines)
+        if any(t in ln for t in (" on jobs", " on flows", " on cursors", " on lane_tiers"))
+        or (" Buffers:" in ln and i > 0 and " on jobs" in lines[i - 1])
+    ]
+    return {"duration": lines[0].strip() if lines else "", "query": text[:160], "scans": scans}
 
 
 def phase_b(srv: Server, analyze: bool) -> dict[str, Any]:
@@ -363,7 +364,7 @@ def phase_b(srv: Server, analyze: bool) -> dict[str, Any]:
         deadline = time.perf_counter() + limit
         while time.perf_counter() < deadline and not all(j in seen for j, _ in jobs):
             time.sleep(0.02)
-        out = []
+        out: list[dict[str, Any]] = []
         for j, t in jobs:
             if j not in seen:
                 out.append({"wait_s": None})
@@ -390,8 +391,14 @@ def phase_b(srv: Server, analyze: bool) -> dict[str, Any]:
         seconds = enqueue(c, "n", 1000, 100_000)
         c.commit()
         arrived_commit = time.perf_counter()
+        # their run_at (the enqueue's start) is older than the last fold: the sweep finds them
+        time.sleep(2.5)
+        stamped = c.execute(
+            "SELECT count(*) FROM pgqueue.flows WHERE tenant_id LIKE 'n%%'"
+        ).fetchone()
+        c.commit()
         late = wait_for([probe(c, "p50")], 15)
-        time.sleep(0.5)
+        time.sleep(0.3)
     stop.set()
     thread.join()
     after = [ms for s, ms, _ in claims if s + ms / 1000 >= arrived_commit]
@@ -406,6 +413,7 @@ def phase_b(srv: Server, analyze: bool) -> dict[str, Any]:
         "arrivals_enqueue_s": round(seconds, 2),
         "arrivals_commit_s": round(arrived_commit - arrived, 2),
         "first_claims_after_arrivals_ms": [round(ms, 1) for ms in after[:5]],
+        "arrivals_with_a_flow_after_2.5_s": stamped[0] if stamped else None,
         "longest_claim_after_arrivals_ms": round(max(after), 1) if after else None,
         "probe_after_arrivals": late[0],
         "functions": functions,
@@ -413,7 +421,7 @@ def phase_b(srv: Server, analyze: bool) -> dict[str, Any]:
 
 
 def phase_c(srv: Server, repeats: int) -> dict[str, Any]:
-    runs = []
+    runs: list[dict[str, dict[str, Any]]] = []
     for r in range(repeats):
         urls = {"fresh": srv.clone("fresh", "c_fresh"), "aged": srv.clone("aged", "c_aged")}
         times: dict[str, list[float]] = {k: [] for k in urls}
