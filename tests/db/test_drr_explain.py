@@ -200,9 +200,10 @@ def test_claim_path_does_not_read_finished_jobs(conn, db_dsn):
     for node, rows, loops, pages in scans:
         assert "Seq Scan" not in node, plans
         # The scheduler's partial indexes keep the entries of the jobs stamped or claimed since
-        # the last vacuum (at most the 330 jobs this test moves, none of the finished ones): a
-        # scan from the head of a lane and tier steps over them.
-        slack = 40 if "jobs_unstamped" in node or "jobs_claim_idx" in node else 0
+        # the last vacuum (the jobs this test moves, none of the finished ones: the claims
+        # measured also stamp the horizon of the flows the first folds' slice left at their
+        # first job, revision 0046): a scan from the head of a lane and tier steps over them.
+        slack = 60 if "jobs_unstamped" in node or "jobs_claim_idx" in node else 0
         assert pages <= _page_bound(node, rows, loops) + slack, (node, rows, loops, pages)
 
 

@@ -152,3 +152,23 @@ def test_every_object_is_defined_by_exactly_one_schema_file(db_dsn, kind):
         files = {(n, f): c for (n, f), c in defined.items() if n == name}
         assert list(files.values()) == [1], f"{kind} {name} is defined by {files or 'no file'}"
     assert {n for n, _f in defined} == set(in_database), kind
+
+
+def test_the_schema_files_alone_give_the_migrated_function_bodies(db_dsn, empty_db_dsn):
+    """A revision copies the whole new text of what it changes: a fresh database ends with
+    the text of the last revision that wrote each function, which must be the text of its
+    schema file (found this session: `pgqueue.cancel` kept a comment about v1's DRR pairs
+    that its file had lost)."""
+    with psycopg.connect(empty_db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA pgqueue")
+        for path in migrate.schema_files():
+            conn.execute(path.read_text(encoding="utf-8").encode())
+    bodies = (
+        "SELECT p.oid::regprocedure::text, p.prosrc FROM pg_proc p"
+        " WHERE p.pronamespace = 'pgqueue'::regnamespace"
+    )
+    with psycopg.connect(db_dsn) as migrated, psycopg.connect(empty_db_dsn) as files:
+        want = dict(files.execute(bodies).fetchall())
+        got = dict(migrated.execute(bodies).fetchall())
+    assert sorted(got) == sorted(want)
+    assert [name for name in want if got[name] != want[name]] == []

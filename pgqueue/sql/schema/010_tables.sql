@@ -185,6 +185,10 @@ CREATE INDEX flows_place_idx ON pgqueue.flows USING btree (lane, tier, place);
 
 CREATE INDEX flows_cut_idx ON pgqueue.flows USING btree (lane, tier, last_round, place, last_seq) WHERE cut;
 
+-- The cut flows in the order of their next job's round: a fold goes on with the first few
+-- (pgqueue.stamp's slice) by one index range, however many flows are cut (revision 0046).
+CREATE INDEX flows_cut_next_idx ON pgqueue.flows USING btree (lane, tier, next_round, place) WHERE cut;
+
 -- The cursor of a lane and tier (the key of the last claimed job): each claimer keeps the
 -- greatest key it claimed in a row of its own, so that no claimer waits on another; the
 -- stamper reads the greatest. Rows of claimers quiet for a minute and behind the cursor are pruned by the stamper.

@@ -10,8 +10,7 @@
 -- takes stamped jobs in key order (pgqueue.claim_keyed), side by side. Costs and quanta are
 -- integer cost units: round(cost * 1000), one unit per estimated input token.
 
--- stable_offset() of pgqueue.scheduling.drr: first 4 bytes of SHA-256, big-endian. The order
--- in which tenants that join in the same fold take their places.
+-- stable_offset() of pgqueue.scheduling.drr (SHA-256's first 4 bytes): joiners' order in a fold.
 CREATE OR REPLACE FUNCTION pgqueue.refill_offset(tenant_id text)
 RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE
@@ -21,15 +20,16 @@ $$;
 
 -- Stamp the unstamped due jobs of one lane and tier; the caller holds its try-lock
 -- (pgqueue.fold). Joiners first (places in refill_offset order between the last place before
--- the cursor's and the cursor's), then each flow's jobs in FIFO order up to `p_horizon` rounds
--- past the next key to claim (at least one job for a flow with none stamped): one tenant's
--- million jobs cost a fold a few rounds of them. One statement computes, two write (from
--- arrays, so that the writes are key probes). Returns the number of jobs stamped.
+-- the cursor's and the cursor's), then flows in FIFO order up to `p_horizon` rounds past the
+-- next key to claim, at most pgqueue.stamp_slice_flows (default 64) cut ones and as many
+-- joiners a fold (the other joiners get their first job): its work grows with the tenants it
+-- visits, not their jobs. One statement computes, two write. Returns the jobs stamped.
 CREATE OR REPLACE FUNCTION pgqueue.stamp(p_lane text, p_tier pgqueue.tier, p_horizon integer)
 RETURNS bigint
 LANGUAGE plpgsql
 SET jit TO 'off'
 SET enable_seqscan TO 'off'
+SET enable_incremental_sort TO 'off'  -- a tenant's FIFO is a range of jobs_unstamped_idx
 AS $$
 DECLARE
     lt pgqueue.lane_tiers;
@@ -38,6 +38,8 @@ DECLARE
     cs bigint;
     base bigint;
     look_at_all boolean;
+    slice constant integer := greatest(1, pgqueue.setting('stamp_slice_flows', 64)::integer);
+    margin constant interval := make_interval(secs => pgqueue.setting('stamp_arrival_margin', 0.1));
     ids bigint[]; tenants text[]; rnds bigint[]; places numeric[]; seqs bigint[];
     f_tenants text[]; f_places numeric[]; f_rounds bigint[]; f_seqs bigint[];
     f_credits bigint[]; f_cuts boolean[]; f_nexts bigint[];
@@ -59,14 +61,15 @@ BEGIN
                             AND j.key_round IS NOT NULL
                           ORDER BY j.key_round, j.key_place, j.key_seq LIMIT 1));
     look_at_all := lt.full_at < now() - interval '1 second';
-    -- The tenants to visit: those with jobs due since the last fold (a skip scan over the
-    -- distinct (run_at, tenant) pairs), the flows the horizon cut that may go on, and at most
-    -- once a second every tenant with unstamped due jobs and no cut flow (a job whose
-    -- transaction began before the last fold and committed after it).
+    -- The tenants to visit: a slice of the cut flows, and those with no cut flow and jobs due
+    -- since 0.1 s before the last fold began (a skip scan over the distinct (run_at, tenant)
+    -- pairs: an enqueue's run_at is its transaction's start), or, at most once a second, any
+    -- unstamped due jobs (a job that committed later still).
     WITH RECURSIVE arrived(run_at, tenant_id) AS (
         (SELECT j.run_at, j.tenant_id FROM pgqueue.jobs j
          WHERE j.lane = p_lane AND j.priority = p_tier AND j.state = 'queued'
-           AND j.key_round IS NULL AND j.run_at >= lt.folded_at AND j.run_at <= now()
+           AND j.key_round IS NULL AND j.run_at >= lt.folded_at - margin
+           AND j.run_at <= now()
          ORDER BY j.run_at, j.tenant_id LIMIT 1)
         UNION ALL
         SELECT n.run_at, n.tenant_id FROM arrived a, LATERAL (
@@ -87,15 +90,18 @@ BEGIN
                 ORDER BY j.tenant_id LIMIT 1)
         FROM everyone e WHERE e.tenant_id IS NOT NULL
     ), pending(tenant_id) AS (
-        SELECT a.tenant_id FROM arrived a
-        UNION SELECT f.tenant_id FROM pgqueue.flows f
-        WHERE f.lane = p_lane AND f.tier = p_tier AND f.cut AND f.next_round <= base + p_horizon
-        UNION SELECT f.tenant_id FROM pgqueue.flows f   -- cut, and all its stamped jobs claimed
-        WHERE f.lane = p_lane AND f.tier = p_tier AND f.cut
-          AND (f.last_round, f.place, f.last_seq) <= (cr, cp, cs)
-        UNION SELECT e.tenant_id FROM everyone e   -- a cut flow goes on by the rules above
+        SELECT n.tenant_id FROM (SELECT tenant_id FROM arrived
+                                 UNION SELECT tenant_id FROM everyone) n
         WHERE NOT EXISTS (SELECT FROM pgqueue.flows f WHERE f.lane = p_lane AND f.tier = p_tier
-                                                        AND f.tenant_id = e.tenant_id AND f.cut)
+                                                        AND f.tenant_id = n.tenant_id AND f.cut)
+        UNION SELECT c.tenant_id FROM (  -- cut, all its stamped jobs claimed (the frontier's)
+            SELECT f.tenant_id FROM pgqueue.flows f
+            WHERE f.lane = p_lane AND f.tier = p_tier AND f.cut
+              AND (f.last_round, f.place, f.last_seq) <= (cr, cp, cs)
+            ORDER BY f.last_round, f.place, f.last_seq LIMIT slice) c
+        UNION SELECT c.tenant_id FROM (SELECT f.tenant_id FROM pgqueue.flows f  -- cut, its next
+            WHERE f.lane = p_lane AND f.tier = p_tier AND f.cut  -- job within the horizon
+              AND f.next_round <= base + p_horizon ORDER BY f.next_round, f.place LIMIT slice) c
     ), flows_in AS (   -- a flow continues while its last stamped job is queued, or it was cut
         SELECT p.tenant_id, f.place, f.last_round, f.last_seq, f.credit,
                round(pgqueue.tenant_quantum(p.tenant_id) * 1000)::bigint AS q,
@@ -104,11 +110,10 @@ BEGIN
         FROM pending p
         LEFT JOIN pgqueue.flows f
                ON f.lane = p_lane AND f.tier = p_tier AND f.tenant_id = p.tenant_id
-        LEFT JOIN LATERAL (  -- a probe per flow (as EXISTS, it was hashed over every job)
-            SELECT true AS holds_one FROM pgqueue.jobs j
-            WHERE j.lane = p_lane AND j.priority = p_tier AND j.state = 'queued'
-              AND j.key_round = f.last_round AND j.key_place = f.place
-              AND j.key_seq = f.last_seq
+        LEFT JOIN LATERAL (SELECT true AS holds_one FROM pgqueue.jobs j  -- a probe, not a hash
+            WHERE j.lane = p_lane AND j.priority = p_tier AND j.state = 'queued'  -- of every job
+              AND j.key_round IS NOT NULL
+              AND (j.key_round, j.key_place, j.key_seq) = (f.last_round, f.place, f.last_seq)
             LIMIT 1) h ON true
         WHERE p.tenant_id IS NOT NULL
     ), joiners AS (
@@ -120,7 +125,7 @@ BEGIN
         SELECT max(f.place) AS place FROM pgqueue.flows f
         WHERE f.lane = p_lane AND f.tier = p_tier AND f.place < cp
     ), starts AS (
-        SELECT fi.tenant_id, fi.q, fi.holds_one,
+        SELECT fi.tenant_id, fi.q, fi.holds_one, fi.continuing OR jn.i <= slice AS whole,
                CASE WHEN fi.continuing THEN fi.place
                     WHEN pred.place IS NULL THEN cp - (jn.m + 1 - jn.i)
                     ELSE pred.place + (cp - pred.place) * jn.i / (jn.m + 1) END AS place,
@@ -138,10 +143,14 @@ BEGIN
             WHERE j.lane = p_lane AND j.priority = p_tier AND j.tenant_id = s.tenant_id
               AND j.state = 'queued' AND j.key_round IS NULL AND j.run_at <= now()
             ORDER BY j.run_at, j.id
-            LIMIT greatest(2, (p_horizon + 1 + base - s.r0) * s.q / 1000 + 1)) j
+            LIMIT CASE WHEN s.whole
+                       THEN greatest(2, (p_horizon + 1 + base - s.r0) * s.q / 1000 + 1)
+                       ELSE 2 END) j
         WINDOW w AS (PARTITION BY s.tenant_id ORDER BY j.run_at, j.id)
     ), kept AS (
-        SELECT f.*, r.rnd, r.rnd <= base + p_horizon OR (f.k = 1 AND NOT f.holds_one) AS keep
+        SELECT f.*, r.rnd,
+               (f.whole AND r.rnd <= base + p_horizon) OR (f.k = 1 AND NOT f.holds_one)
+                   AS keep
         FROM fetched f, LATERAL (SELECT f.r0 + greatest(0, (f.cum - f.d0 + f.q - 1) / f.q)) r(rnd)
     ), numbered AS (
         SELECT k.*, lt.seq + row_number() OVER (ORDER BY k.tenant_id, k.k) AS sq
@@ -180,7 +189,7 @@ BEGIN
         credit = excluded.credit, cut = excluded.cut, next_round = excluded.next_round;
     UPDATE pgqueue.lane_tiers l
     SET seq = l.seq + coalesce(cardinality(ids), 0), folded_at = now(),
-        full_at = CASE WHEN look_at_all THEN now() ELSE l.full_at END,
+        full_at = CASE WHEN look_at_all THEN clock_timestamp() ELSE l.full_at END,
         (frontier_round, frontier_place, frontier_seq) = (
             SELECT f.last_round, f.place, f.last_seq FROM pgqueue.flows f
             WHERE f.lane = p_lane AND f.tier = p_tier AND f.cut
@@ -205,13 +214,11 @@ AS $$
 $$;
 
 -- Claim stamped jobs of one lane in key order, p_counts[i] of tier p_tiers[i] (or only job
--- p_only, already locked by the caller), never past a tier's frontier: lock them (SKIP
--- LOCKED), lease them to p_worker, keep their keys, and move p_worker's cursor row of each
--- tier. One statement for every tier of the lane; no row another claimer writes.
+-- p_only, locked by the caller), never past a tier's frontier: lock them (SKIP LOCKED), lease
+-- them to p_worker, keep their keys, move p_worker's cursor row of each tier. One statement.
 CREATE OR REPLACE FUNCTION pgqueue.claim_keyed(p_lane text, p_tiers pgqueue.tier[],
                                                p_counts integer[], p_worker text,
-                                               p_lease double precision,
-                                               p_only bigint DEFAULT NULL)
+                                               p_lease double precision, p_only bigint DEFAULT NULL)
 RETURNS SETOF pgqueue.jobs
 LANGUAGE plpgsql
 SET jit TO 'off'

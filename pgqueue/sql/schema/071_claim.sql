@@ -45,9 +45,12 @@ AS $$
             ORDER BY j.lane, j.priority LIMIT 1) n
     )
     SELECT s.lane, s.tier FROM s
-    WHERE EXISTS (SELECT FROM pgqueue.jobs j
-                  WHERE j.lane = s.lane AND j.priority = s.tier AND j.state = 'queued'
-                    AND j.key_round IS NULL AND j.run_at <= now())
+    CROSS JOIN LATERAL (  -- a probe per pair (as EXISTS, with no statistics on new rows yet, a
+                          -- hash semi join read every unstamped job: 450 ms a claim)
+        SELECT FROM pgqueue.jobs j
+        WHERE j.lane = s.lane AND j.priority = s.tier AND j.state = 'queued'
+          AND j.key_round IS NULL AND j.run_at <= now()
+        LIMIT 1) due
 $$;
 
 -- The lanes and tiers a claim folds first: those with unstamped due jobs where a fold has
