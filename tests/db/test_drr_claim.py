@@ -5,6 +5,7 @@ classic DRR's order within a lane and tier) on the same inputs, under the strict
 from __future__ import annotations
 
 import random
+import time
 from collections import Counter, defaultdict
 
 import psycopg
@@ -210,13 +211,18 @@ def test_unknown_policy_is_refused(conn):
 def _claimer(dsn: str, worker: str, total: int) -> list[int]:
     rng = random.Random(worker)
     taken: list[int] = []
-    idle = 0
+    empty_since: float | None = None
     with psycopg.connect(dsn, autocommit=True) as c:
-        while idle < 50:  # a claim beside a fold under way may come back empty: try again
+        # A claim beside a fold under way may come back empty: try again, for 5 s (a count of
+        # 50 empty claims ran out on a loaded machine while another process held the fold).
+        while empty_since is None or time.monotonic() - empty_since < 5:
             rows = c.execute(
                 "SELECT id FROM pgqueue.claim(%s, %s, 60)", (rng.randint(1, 8), worker)
             ).fetchall()
-            idle = 0 if rows else idle + 1
+            if rows:
+                empty_since = None
+            elif empty_since is None:
+                empty_since = time.monotonic()
             taken.extend(r[0] for r in rows)
             if len(taken) >= total:
                 return taken
