@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import pgqueue
 from pgqueue.db import queries
 from pgqueue.models import Tier
 from pgqueue.scheduling.drr import jain_index, stable_offset
@@ -553,3 +554,17 @@ def test_a_stamper_that_died_mid_fold_holds_nothing_back(conn, db_dsn):
     conn.commit()
     stamper.close()
     assert [d.tenant_id for d in claim(conn, 5)] == ["a"]
+
+
+def test_a_cut_flow_whose_queued_jobs_were_all_cancelled_holds_nothing_back(conn):
+    """Found by a hostile tester: a tenant's backlog cut at the horizon, then every queued job
+    of it cancelled. The fold fetched nothing for that flow and left it cut, so the frontier
+    stayed at its last key and no claim of the lane and tier went past it, for good (34,036
+    jobs queued, four workers idle for 10 minutes). A flow with nothing left is not cut."""
+    add_jobs(conn, [(C, t, 1.0) for _ in range(100) for t in ("a", "b")])
+    first = claim_n(conn, 10, batch=10)
+    assert {d.tenant_id for d in first} == {"a", "b"}
+    assert pgqueue.cancel_queued(conn, "a") > 0
+    conn.commit()
+    rest = claim_n(conn, 1_000, batch=10)
+    assert [d.tenant_id for d in rest] == ["b"] * (100 - sum(d.tenant_id == "b" for d in first))

@@ -158,10 +158,10 @@ BEGIN
     ), last AS (      -- where each flow's last stamped job leaves it (or where it was)
         SELECT DISTINCT ON (s.tenant_id) s.tenant_id, s.place,
                coalesce(n.rnd, s.r0) AS last_round, coalesce(n.sq, s.s0) AS last_seq,
-               coalesce(n.d0 + (n.rnd - n.r0) * n.q - n.cum, s.d0) AS credit, c.cut,
-               c.next_round
+               coalesce(n.d0 + (n.rnd - n.r0) * n.q - n.cum, s.d0) AS credit,
+               coalesce(c.cut, false) AS cut, c.next_round   -- none fetched: cancelled, not cut
         FROM starts s
-        JOIN (SELECT k.tenant_id, bool_or(NOT k.keep) AS cut,
+        LEFT JOIN (SELECT k.tenant_id, bool_or(NOT k.keep) AS cut,
                      min(k.rnd) FILTER (WHERE NOT k.keep) AS next_round
               FROM kept k GROUP BY k.tenant_id) c USING (tenant_id)
         LEFT JOIN numbered n USING (tenant_id)
