@@ -168,7 +168,7 @@ async def prepare_for_worker(handler: object) -> set[str]:
     With an API key, import the SDK now (~1.7 s of CPU): the rate limiter admits a request when
     it is claimed, and a first job that waited for the import would reach the provider late.
     Without one, warn once. Returns the kinds the worker cannot run: ``{KIND}`` without a key
-    (their jobs go back to the queue unrun, and a burst worker does not wait for them), else
+    (the worker does not claim their jobs, and a burst worker does not wait for them), else
     nothing; a handler of the user's own for the kind needs nothing either.
     """
     if not isinstance(handler, AnthropicMessagesHandler):
@@ -178,7 +178,7 @@ async def prepare_for_worker(handler: object) -> set[str]:
         return set()
     _worker_log.warning(
         "no Anthropic API key (ANTHROPIC_API_KEY or PGQUEUE_ANTHROPIC_API_KEY_FILE): "
-        "%s jobs claimed by this worker go back to the queue unrun",
+        "this worker leaves %s jobs queued for a worker that has one",
         KIND,
     )
     return {KIND}

@@ -3,6 +3,11 @@ cancelled, or none is due) is written as not cut. It stayed cut: the frontier ke
 key, and no claim of that lane and tier went past it, for good (found by a hostile tester:
 34,036 jobs queued, four workers idle for 10 minutes).
 
+``lane_tiers_to_fold`` counts as arrivals the jobs due since the last fold less the arrival
+margin (``pgqueue.stamp_arrival_margin``, 0.1 s), as ``pgqueue.stamp`` does: a job whose
+transaction began before a fold and committed after it waited for the once-a-second look (a
+tester: up to 1,072 other jobs went first).
+
 Revision ID: 0053
 Revises: 0052
 """
@@ -370,10 +375,56 @@ END
 $$;
 """
 
+LANE_TIERS_TO_FOLD = """\
+CREATE OR REPLACE FUNCTION pgqueue.lane_tiers_to_fold()
+RETURNS TABLE(lane text, tier pgqueue.tier)
+LANGUAGE sql STABLE
+AS $$
+    SELECT u.lane, u.tier FROM pgqueue.lane_tiers_unstamped() u
+    LEFT JOIN pgqueue.lane_tiers l ON l.lane = u.lane AND l.tier = u.tier
+    WHERE l.lane IS NULL OR l.full_at < now() - interval '1 second'
+       OR (l.frontier_round IS NOT NULL
+           AND coalesce((SELECT j.key_round FROM pgqueue.jobs j
+                         WHERE j.lane = u.lane AND j.priority = u.tier AND j.state = 'queued'
+                           AND j.key_round IS NOT NULL
+                         ORDER BY j.key_round, j.key_place, j.key_seq LIMIT 1),
+                        l.frontier_round)
+               > l.frontier_round - pgqueue.setting('stamp_horizon_rounds', 4) / 2)
+       OR EXISTS (SELECT FROM pgqueue.jobs j
+                  WHERE j.lane = u.lane AND j.priority = u.tier AND j.state = 'queued'
+                    AND j.key_round IS NULL AND j.run_at <= now()
+                    AND j.run_at >= l.folded_at - pgqueue.setting('stamp_arrival_margin', 0.1)
+                                                  * interval '1 second')
+$$;
+"""
+
+LANE_TIERS_TO_FOLD_BEFORE = """\
+CREATE OR REPLACE FUNCTION pgqueue.lane_tiers_to_fold()
+RETURNS TABLE(lane text, tier pgqueue.tier)
+LANGUAGE sql STABLE
+AS $$
+    SELECT u.lane, u.tier FROM pgqueue.lane_tiers_unstamped() u
+    LEFT JOIN pgqueue.lane_tiers l ON l.lane = u.lane AND l.tier = u.tier
+    WHERE l.lane IS NULL OR l.full_at < now() - interval '1 second'
+       OR (l.frontier_round IS NOT NULL
+           AND coalesce((SELECT j.key_round FROM pgqueue.jobs j
+                         WHERE j.lane = u.lane AND j.priority = u.tier AND j.state = 'queued'
+                           AND j.key_round IS NOT NULL
+                         ORDER BY j.key_round, j.key_place, j.key_seq LIMIT 1),
+                        l.frontier_round)
+               > l.frontier_round - pgqueue.setting('stamp_horizon_rounds', 4) / 2)
+       OR EXISTS (SELECT FROM pgqueue.jobs j
+                  WHERE j.lane = u.lane AND j.priority = u.tier AND j.state = 'queued'
+                    AND j.key_round IS NULL AND j.run_at >= l.folded_at AND j.run_at <= now())
+$$;
+"""
+
 
 def upgrade() -> None:
     op.execute(STAMP)
+    op.execute(LANE_TIERS_TO_FOLD)
 
 
 def downgrade() -> None:
     op.execute(STAMP_BEFORE)
+    op.execute(LANE_TIERS_TO_FOLD_BEFORE)

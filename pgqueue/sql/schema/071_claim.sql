@@ -55,7 +55,8 @@ AS $$
 $$;
 
 -- The lanes and tiers a claim folds first: those with unstamped due jobs where a fold has
--- work to do: no fold yet, jobs due since the last one, stamped work within the frontier down
+-- work to do: no fold yet, jobs due since the last one (less the arrival margin of
+-- pgqueue.stamp, for a job whose transaction began before that fold and committed after), stamped work within the frontier down
 -- to less than half the horizon (pgqueue.stamp extends the flows it cut), or the fold's
 -- once-a-second look at every tenant is due. Otherwise the claim takes what is stamped: a
 -- fold on every claim cost more than the claim itself. A claim that reaches a frontier folds
@@ -76,7 +77,9 @@ AS $$
                > l.frontier_round - pgqueue.setting('stamp_horizon_rounds', 4) / 2)
        OR EXISTS (SELECT FROM pgqueue.jobs j
                   WHERE j.lane = u.lane AND j.priority = u.tier AND j.state = 'queued'
-                    AND j.key_round IS NULL AND j.run_at >= l.folded_at AND j.run_at <= now())
+                    AND j.key_round IS NULL AND j.run_at <= now()
+                    AND j.run_at >= l.folded_at - pgqueue.setting('stamp_arrival_margin', 0.1)
+                                                  * interval '1 second')
 $$;
 
 -- The lanes and tiers with stamped jobs, and the head job of each in key order.
