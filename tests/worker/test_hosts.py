@@ -55,7 +55,10 @@ def test_workers_on_four_hosts_share_one_schedule(db_dsn: str, tmp_path: Path) -
         ids = pgqueue.enqueue_many(
             conn,
             [
-                pgqueue.JobSpec(tenant, "scheduled", {"n": i}, 300, "test.record")
+                # 50 ms each: the drain takes about 2 s, so that a host whose first claim met
+                # another's fold still finds work (found in CI: with no-op jobs three hosts
+                # took all 1,200 before the fourth claimed again)
+                pgqueue.JobSpec(tenant, "scheduled", {"n": i, "seconds": 0.05}, 300, "test.slow")
                 for i in range(PER_TENANT)
                 for tenant in TENANTS
             ],
