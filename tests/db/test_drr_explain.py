@@ -202,7 +202,7 @@ def test_claim_path_does_not_read_finished_jobs(conn, db_dsn):
         # The scheduler's partial indexes keep the entries of the jobs stamped or claimed since
         # the last vacuum (the jobs this test moves, none of the finished ones: the claims
         # measured also stamp the horizon of the flows the first folds' slice left at their
-        # first job, revision 0046): a scan from the head of a lane and tier steps over them.
+        # first job, revision 0045): a scan from the head of a lane and tier steps over them.
         slack = 60 if "jobs_unstamped" in node or "jobs_claim_idx" in node else 0
         assert pages <= _page_bound(node, rows, loops) + slack, (node, rows, loops, pages)
 

@@ -186,7 +186,7 @@ CREATE INDEX flows_place_idx ON pgqueue.flows USING btree (lane, tier, place);
 CREATE INDEX flows_cut_idx ON pgqueue.flows USING btree (lane, tier, last_round, place, last_seq) WHERE cut;
 
 -- The cut flows in the order of their next job's round: a fold goes on with the first few
--- (pgqueue.stamp's slice) by one index range, however many flows are cut (revision 0046).
+-- (pgqueue.stamp's slice) by one index range, however many flows are cut (revision 0045).
 CREATE INDEX flows_cut_next_idx ON pgqueue.flows USING btree (lane, tier, next_round, place) WHERE cut;
 
 -- The cursor of a lane and tier (the key of the last claimed job): each claimer keeps the

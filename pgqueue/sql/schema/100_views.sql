@@ -4,7 +4,7 @@
 
 -- Jobs waiting and running per tier (every tier listed, zeros included), the oldest queued
 -- job's age in seconds, and how many queued jobs are due now. It never reads finished jobs
--- (revision 0048; `state IN ('queued', 'running')` matched no partial index and read the whole
+-- (revision 0046; `state IN ('queued', 'running')` matched no partial index and read the whole
 -- table): queued from the exact counters (queue_counts, the tier's total rows), due as queued
 -- less the jobs not due yet (jobs_queued_run_at_idx from now on), running through
 -- jobs_running_lease_idx, the oldest through the queued jobs (the one column whose cost grows

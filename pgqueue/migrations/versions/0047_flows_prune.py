@@ -6,16 +6,16 @@ cursor; one lane and tier at a time under ``pgqueue.fold``'s try-lock. Such a te
 afresh at its next job either way, so the claim order is unchanged (docs/drr.md). Workers call
 it on their rescuer's round (named statement ``flow_prune``), ``pgqueue prune`` on demand.
 
-Revision ID: 0049
-Revises: 0048
+Revision ID: 0047
+Revises: 0046
 """
 
 from __future__ import annotations
 
 from alembic import op
 
-revision = "0049"
-down_revision = "0048"
+revision = "0047"
+down_revision = "0046"
 branch_labels = None
 depends_on = None
 
