@@ -171,8 +171,8 @@ class TierShares:
         if need > self.level:
             raise ValueError(f"cannot take {need!r} tokens from a bucket at {self.level!r}")
         self.level -= need
-        self.mean_need = need if self.mean_need == 0 else self.mean_need + MEAN_WEIGHT * (
-            need - self.mean_need
+        self.mean_need = (
+            need if self.mean_need == 0 else self.mean_need + MEAN_WEIGHT * (need - self.mean_need)
         )
         self.guarantee[tier] = max(0.0, self.guarantee[tier] - need)
 
