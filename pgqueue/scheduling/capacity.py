@@ -14,7 +14,12 @@ tokens per minute, refilled continuously). :class:`TierShares` splits it between
   cover ``n`` and leave the *trunk reserve* in place: ``g + free − n ≥ reserve``. The
   reserve is kept only by tiers below an idle higher tier (a backlogged higher tier has its own
   guarantee growing), and never more than ``capacity − n``, so any job that fits the bucket
-  is eventually admitted.
+  is eventually admitted. It is counted in requests, as trunk reservation counts circuits:
+  room for ``reserve_jobs`` (20) requests of the lane's running mean size, at most
+  ``reserve`` (1/4 of the capacity). A reserve of 1/4 of the capacity alone is 15 s of
+  refill: after every drain (a restart mid-way through a busy hour, a header from another
+  client of the same key) the lower tiers stood still for 15 s while it filled, at any limit;
+  with small requests against a large limit it now fills in about a second.
 - **Pick.** Among the tiers whose head is admissible, the highest goes first: a higher tier's
   job that fits never waits behind a lower tier's job that does not, and the guarantees keep
   each backlogged tier's share from being taken by those above it.
@@ -40,7 +45,7 @@ from dataclasses import dataclass, field
 from pgqueue.models import Tier
 from pgqueue.scheduling.tiers import DEFAULT_TIER_WEIGHTS
 
-__all__ = ["DEFAULT_RESERVE_FRACTION", "TierShares"]
+__all__ = ["DEFAULT_RESERVE_FRACTION", "DEFAULT_RESERVE_JOBS", "MEAN_WEIGHT", "TierShares"]
 
 #: Default trunk reserve, as a fraction of the bucket's capacity (1/4: 10,000 of 40,000).
 #: A burst of critical jobs larger than the reserve waits for critical's share (70 %) of the
@@ -49,6 +54,13 @@ __all__ = ["DEFAULT_RESERVE_FRACTION", "TierShares"]
 #: in 1,500-token jobs, and 6-18 s in 6 of 18 runs with sizes from the Azure trace at 42-60 %;
 #: with 1/4 it is at most 0.75 s in all 36 runs, batch keeping 5.3-15.7 % of the tokens.
 DEFAULT_RESERVE_FRACTION = 0.25
+#: Default trunk reserve in requests of the lane's mean size (its cap is the fraction above).
+#: At Tier-1 limits the cap binds (20 requests of 500 tokens are 10,000); in the demo's scaled
+#: limits (about 1M tokens a minute, requests of about 900) the reserve is 18,000 tokens, one
+#: second of refill, where the fraction alone held standard and batch for 15 s after the drain.
+DEFAULT_RESERVE_JOBS = 20.0
+#: Weight of a new request in the running mean of the sizes (an exponential moving average).
+MEAN_WEIGHT = 1 / 16
 
 _ORDER: tuple[Tier, ...] = tuple(Tier)
 
@@ -58,16 +70,20 @@ class TierShares:
     """One lane's token bucket and its tiers' guarantees (tokens).
 
     ``capacity``: tokens per minute (the bucket's size; refill ``capacity / 60`` per second).
-    ``level``: tokens in the bucket at time ``at`` (seconds). ``reserve``: the trunk reserve
-    in tokens (default :data:`DEFAULT_RESERVE_FRACTION` of the capacity). ``weights``: each
-    tier's share, > 0. Raises ``ValueError`` for a capacity, level or reserve out of range or
-    a missing or non-positive weight.
+    ``level``: tokens in the bucket at time ``at`` (seconds). ``reserve``: the most the trunk
+    reserve holds, in tokens (default :data:`DEFAULT_RESERVE_FRACTION` of the capacity);
+    ``reserve_jobs``: the reserve in requests of ``mean_need`` (tokens, the running mean of the
+    sizes taken, 0 before the first take: no reserve until a request was sent). ``weights``:
+    each tier's share, > 0. Raises ``ValueError`` for a capacity, level or reserve out of range
+    or a missing or non-positive weight.
     """
 
     capacity: float
     level: float
     at: float
     reserve: float | None = None
+    reserve_jobs: float = DEFAULT_RESERVE_JOBS
+    mean_need: float = 0.0
     weights: Mapping[Tier, float] = field(default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS))
     guarantee: dict[Tier, float] = field(default_factory=lambda: dict.fromkeys(_ORDER, 0.0))
 
@@ -80,6 +96,8 @@ class TierShares:
             self.reserve = DEFAULT_RESERVE_FRACTION * self.capacity
         if not (0 <= self.reserve < self.capacity):
             raise ValueError(f"reserve must be in [0, capacity), got {self.reserve!r}")
+        if not (math.isfinite(self.reserve_jobs) and self.reserve_jobs >= 0):
+            raise ValueError(f"reserve_jobs must be finite and >= 0, got {self.reserve_jobs!r}")
         for tier in _ORDER:
             weight = self.weights.get(tier, 0.0)
             if not (math.isfinite(weight) and weight > 0):
@@ -96,13 +114,15 @@ class TierShares:
         return self.level - math.fsum(self.guarantee.values())
 
     def _reserve_for(self, tier: Tier, need: float, backlogged: Mapping[Tier, float]) -> float:
-        """The reserve ``tier`` must leave: kept for an idle higher tier, capped so that a job
+        """The reserve ``tier`` must leave: kept for an idle higher tier, room for
+        ``reserve_jobs`` requests of the mean size, at most ``reserve``, capped so that a job
         that fits the bucket can still be admitted."""
         higher = _ORDER[: _ORDER.index(tier)]
         if all(t in backlogged for t in higher):
             return 0.0
         assert self.reserve is not None
-        return max(0.0, min(self.reserve, self.capacity - need))
+        held = min(self.reserve, self.reserve_jobs * self.mean_need)
+        return max(0.0, min(held, self.capacity - need))
 
     def advance(self, now: float, backlogged: Mapping[Tier, float]) -> None:
         """Refill the bucket up to ``now`` and grow the guarantees.
@@ -145,10 +165,15 @@ class TierShares:
 
     def take(self, tier: Tier, need: float) -> None:
         """Charge an admitted job: the bucket loses ``need`` tokens, paid first from the tier's
-        guarantee. Raises ``ValueError`` if the bucket holds fewer than ``need`` tokens."""
+        guarantee, and the running mean of the sizes moves toward ``need`` by
+        :data:`MEAN_WEIGHT` (the first take sets it). Raises ``ValueError`` if the bucket holds
+        fewer than ``need`` tokens."""
         if need > self.level:
             raise ValueError(f"cannot take {need!r} tokens from a bucket at {self.level!r}")
         self.level -= need
+        self.mean_need = (
+            need if self.mean_need == 0 else self.mean_need + MEAN_WEIGHT * (need - self.mean_need)
+        )
         self.guarantee[tier] = max(0.0, self.guarantee[tier] - need)
 
     def pick(self, heads: Mapping[Tier, float]) -> Tier | None:

@@ -21,15 +21,22 @@ from pgqueue.scheduling.capacity import TierShares
 Conn = psycopg.Connection[Any]
 C, S, B = Tier.CRITICAL, Tier.STANDARD, Tier.BATCH
 LIMIT = 40_000.0
+#: The mean request size the tests start from: 20 of them are 40,000 tokens, so the share caps
+#: the reserve, as before the reserve was counted in requests.
+MEAN = 2_000.0
 Heads = dict[Tier, float]
 
 
 def limiter(
-    conn: Conn, level: float = LIMIT, margin: float = 0.0, reserve: float | None = None
+    conn: Conn,
+    level: float = LIMIT,
+    margin: float = 0.0,
+    reserve: float | None = None,
+    mean: float = MEAN,
 ) -> None:
     """A fresh row for model 'm': LIMIT input tokens a minute at ``level``; requests and output
     tokens never bind. ``margin`` and ``reserve``: the GUCs, shares of the limit (``reserve``
-    None: the default, 1/4)."""
+    None: the default, 1/4). ``mean``: the mean request size (tokens) the reserve counts in."""
     conn.execute("DELETE FROM pgqueue.rate_limits")
     conn.execute("SELECT set_config('pgqueue.ratelimit_input_margin', %s, true)", (str(margin),))
     conn.execute(
@@ -39,8 +46,8 @@ def limiter(
     conn.execute(
         "INSERT INTO pgqueue.rate_limits (model, requests_per_minute, input_tokens_per_minute,"
         " output_tokens_per_minute, requests_available, input_tokens_available,"
-        " output_tokens_available) VALUES ('m', 1e9, %s, 1e9, 1e9, %s, 1e9)",
-        (LIMIT, level),
+        " output_tokens_available, mean_input_tokens) VALUES ('m', 1e9, %s, 1e9, 1e9, %s, 1e9, %s)",
+        (LIMIT, level, mean),
     )
 
 
@@ -135,7 +142,9 @@ def test_picks_and_levels_match_the_reference(conn, level, reserve, weights, ste
             "SELECT set_config(%s, %s, true)", (f"pgqueue.tier_weight_{tier.value}", str(weight))
         )
     tokens = None if reserve is None else reserve * LIMIT
-    ref = TierShares(LIMIT, level, 0.0, tokens, dict(zip(Tier, weights, strict=True)))
+    ref = TierShares(
+        LIMIT, level, 0.0, tokens, weights=dict(zip(Tier, weights, strict=True)), mean_need=MEAN
+    )
     now = 0.0
     for dt, *tier_needs in steps:
         heads = {t: n for t, n in zip(Tier, tier_needs, strict=True) if n is not None}
@@ -201,6 +210,22 @@ def test_guarantees_never_hold_more_than_the_bucket(conn):
         " tiers_backlogged::text[] FROM pgqueue.rate_limit_state WHERE model = 'm'"
     ).fetchone()
     assert shown == (pytest.approx(1000), 0, 0, ["critical", "standard", "batch"])
+
+
+def test_the_reserve_is_twenty_requests_of_the_mean_size(conn):
+    """The reserve is room for 20 requests of the running mean size, at most 1/4 of the limit
+    (TierShares._reserve_for): with 300-token requests, 6,000 tokens. Each take moves the mean
+    1/16 of the way to its size; before the first take there is no mean and no reserve. With
+    the share alone the lower tiers stood still for 15 s of refill after every drain."""
+    limiter(conn, level=8_500, mean=300)
+    assert pick(conn, {B: 2_600}) is None  # would leave 5,900
+    assert pick(conn, {B: 2_000}) == B  # leaves 6,500
+    assert take(conn, 1_000, C) == 0
+    assert row(conn)["mean_input_tokens"] == pytest.approx(300 + (1_000 - 300) / 16)
+    limiter(conn, level=2_500, mean=0)
+    assert pick(conn, {B: 2_500}) == B
+    assert take(conn, 2_500, B) == 0
+    assert row(conn)["mean_input_tokens"] == 2_500
 
 
 def test_the_default_reserve_is_a_quarter_of_the_limit(conn):

@@ -165,6 +165,28 @@ def test_a_critical_job_finds_the_reserve_when_critical_was_idle():
     assert sim.share(S) > 0.7  # 25:5 among the two backlogged tiers
 
 
+def test_after_a_drain_the_reserve_costs_a_second_not_fifteen():
+    """The reserve is counted in requests of the lane's mean size, capped at 1/4 of the limit.
+    At the demo's scaled limit (1M tokens a minute) with 900-token requests, a bucket drained
+    to zero while critical is idle holds standard back until it holds 20 requests (18,000
+    tokens: ~1.1 s of refill). The cap alone (250,000 tokens) held it for 15 s."""
+    sim = Sim(per_minute=1_000_000)
+    sim.limit("m")
+    shares = sim.sched.lane("m").shares
+    assert shares is not None
+    for _ in range(3):
+        sim.add(C, 900)
+    sim.step()  # critical ran: the mean size is known
+    shares.level = 0.0  # drained (say, a header from another client of the same key)
+    for _ in range(200):
+        sim.add(S, 900)
+    start = sim.now
+    while sim.tokens[S] == 0 and sim.now - start < 20:
+        sim.step()
+    assert 0.9 <= sim.now - start <= 1.5
+    assert shares.level >= 20 * 900 - 900  # the reserve was kept: room for critical's burst
+
+
 @PROPS
 @given(
     level=st.floats(0, 40_000),

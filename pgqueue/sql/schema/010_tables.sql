@@ -305,6 +305,7 @@ CREATE TABLE pgqueue.rate_limits (
     guarantee_batch double precision DEFAULT 0 NOT NULL,
     guarantees_at timestamp with time zone DEFAULT now() NOT NULL,
     tiers_backlogged pgqueue.tier[] DEFAULT '{}'::pgqueue.tier[] NOT NULL,
+    mean_input_tokens double precision DEFAULT 0 NOT NULL,
     CONSTRAINT rate_limits_input_estimate_ratio_check CHECK ((input_estimate_ratio > (0)::double precision)),
     CONSTRAINT rate_limits_input_tokens_per_minute_check CHECK ((input_tokens_per_minute > (0)::double precision)),
     CONSTRAINT rate_limits_model_check CHECK ((model <> ''::text)),

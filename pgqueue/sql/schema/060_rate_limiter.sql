@@ -63,7 +63,8 @@ AS $$
         guarantee_batch = least(r.guarantee_batch, greatest(0,
             r.input_tokens_available - r.guarantee_critical - r.guarantee_standard)),
         guarantees_at = r.guarantees_at,
-        tiers_backlogged = r.tiers_backlogged
+        tiers_backlogged = r.tiers_backlogged,
+        mean_input_tokens = r.mean_input_tokens
     WHERE l.model = r.model
 $$;
 
@@ -71,9 +72,13 @@ $$;
 -- (pgqueue/scheduling/capacity.py, the pure reference; docs/drr.md). While a tier is
 -- backlogged its guarantee grows at its weight's share of the refill (70:25:5 among the
 -- backlogged tiers; GUCs pgqueue.tier_weight_<tier>); guaranteed tokens stay in the bucket for
--- that tier. A tier below an idle higher tier keeps the trunk reserve in the bucket (GUC
--- pgqueue.ratelimit_trunk_reserve, a share of the per-minute limit, default 0.25), never more
--- than the limit minus its job's need, so every job that fits the bucket is let in eventually.
+-- that tier. A tier below an idle higher tier keeps the trunk reserve in the bucket: room
+-- for pgqueue.ratelimit_trunk_reserve_jobs (default 20) requests of the model's mean size
+-- (mean_input_tokens, a running mean of the takes), at most pgqueue.ratelimit_trunk_reserve
+-- (a share of the per-minute limit, default 0.25), never more than the limit minus its job's
+-- need, so every job that fits the bucket is let in eventually. Counted in requests, as trunk
+-- reservation counts circuits: the share alone is 15 s of refill at any limit, and held the
+-- lower tiers for that long after every drain.
 
 -- The reserve `p_tier` must leave for a job needing `p_need` tokens: none when every higher
 -- tier was backlogged at the last pick (each has its own guarantee), else the trunk reserve.
@@ -88,6 +93,7 @@ AS $$
         WHEN enum_range(NULL::pgqueue.tier, p_tier) <@ (r.tiers_backlogged || p_tier) THEN 0
         ELSE greatest(0, least(
             pgqueue.setting('ratelimit_trunk_reserve', 0.25) * r.input_tokens_per_minute,
+            pgqueue.setting('ratelimit_trunk_reserve_jobs', 20) * r.mean_input_tokens,
             r.input_tokens_per_minute - p_need))
     END
 $$;
@@ -142,7 +148,7 @@ $$;
 
 -- Admission for one request (ratelimit_wait): takes it if it fits now, paid first from the
 -- guarantee of `p_tier` (with no tier: from the bucket, as the claim did before tiers shared
--- it). The reserve a tier keeps depends on the tiers backlogged at the last
+-- it), and moves the mean size 1/16 of the way to it (the first take sets it). The reserve a tier keeps depends on the tiers backlogged at the last
 -- ratelimit_pick_tier, so a claim picks the tier first, then takes its head job.
 -- Returns 0 when taken; else the seconds until it would fit ('Infinity': never whole).
 CREATE OR REPLACE FUNCTION pgqueue.ratelimit_try_take(p_model text, p_input_tokens double precision,
@@ -166,6 +172,8 @@ BEGIN
             - CASE WHEN p_tier = 'standard' THEN need_in ELSE 0 END);
         r.guarantee_batch := greatest(0, r.guarantee_batch
             - CASE WHEN p_tier = 'batch' THEN need_in ELSE 0 END);
+        r.mean_input_tokens := CASE WHEN r.mean_input_tokens = 0 THEN need_in
+            ELSE r.mean_input_tokens + (need_in - r.mean_input_tokens) / 16 END;
     END IF;
     PERFORM pgqueue.ratelimit_save(r);
     RETURN wait;
