@@ -235,7 +235,9 @@ def worker(url: str) -> Iterator[Callable[[], tuple[float, list[int]]]]:
         def step() -> tuple[float, list[int]]:
             start = time.perf_counter()
             rows = queries.run(
-                c, "job_claim", {"limit": 10, "worker_id": "scale", "lease_seconds": 60}
+                c,
+                "job_claim",
+                {"limit": 10, "worker_id": "scale", "lease_seconds": 60, "skip_kinds": []},
             )
             ms = (time.perf_counter() - start) * 1000
             rows = [r for r in rows if r["id"] is not None]
@@ -305,7 +307,11 @@ def explain(url: str) -> dict[str, list[dict[str, Any]]]:
         c.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
         for label in ("sweep", "steady"):
             plans.clear()
-            rows = queries.run(c, "job_claim", {"limit": 10, "worker_id": "x", "lease_seconds": 60})
+            rows = queries.run(
+                c,
+                "job_claim",
+                {"limit": 10, "worker_id": "x", "lease_seconds": 60, "skip_kinds": []},
+            )
             queries.run(
                 c,
                 "job_complete_many",
