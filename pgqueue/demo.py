@@ -28,8 +28,9 @@ from pgqueue.observability.report import collect_run_report
 from pgqueue.progress import Phases
 from pgqueue.replay import ReplayStats, replay_plan
 from pgqueue.sandbox import SandboxConfig, running_sandbox
+from pgqueue.scheduling.tiers import classify
 from pgqueue.settings import Settings
-from pgqueue.trace import load_trace, plan_replay
+from pgqueue.trace import PlannedJob, load_trace, plan_replay
 from pgqueue.worker.runtime import Worker
 
 log = logging.getLogger("pgqueue.demo")
@@ -56,16 +57,43 @@ class DemoOptions:
     database: str | None = None
 
 
-async def _run(
-    dsn: str, settings: Settings, options: DemoOptions, since: datetime, phases: Phases
-) -> ReplayStats:
-    plan = plan_replay(
+def offered_load(
+    plan: list[PlannedJob], limits: tuple[int, int, int]
+) -> dict[str, dict[str, float]]:
+    """Per tier, what its jobs asked for while they arrived, as shares of the per-minute
+    ``limits`` (requests, input, output tokens): ``{tier: {"requests", "input_tokens",
+    "output_tokens"}}``, over the span of the arrivals (at least one second). A tier above 1.0
+    on a limit cannot meet its SLO under any schedule: its own jobs queue behind each other."""
+    minutes = max(plan[-1].at_seconds if plan else 0.0, 1.0) / 60.0
+    offered: dict[str, dict[str, float]] = {}
+    for job in plan:
+        tier = classify(job.origin, job.sla_seconds, demoted=False).value
+        row = offered.setdefault(tier, {"requests": 0.0, "input_tokens": 0.0, "output_tokens": 0.0})
+        row["requests"] += 1 / minutes / limits[0]
+        row["input_tokens"] += job.input_tokens / minutes / limits[1]
+        row["output_tokens"] += job.output_tokens / minutes / limits[2]
+    return offered
+
+
+def _plan(options: DemoOptions) -> list[PlannedJob]:
+    return plan_replay(
         load_trace(options.trace, limit=options.requests),
         tenants=options.tenants,
         speedup=options.speedup,
         seed=options.seed,
         model=options.model,
     )
+
+
+async def _run(
+    dsn: str,
+    settings: Settings,
+    options: DemoOptions,
+    since: datetime,
+    phases: Phases,
+    *,
+    plan: list[PlannedJob],
+) -> ReplayStats:
     worker = Worker(dsn, settings, concurrency=options.concurrency, seed=options.seed)
     work = asyncio.create_task(worker.run(install_signal_handlers=False))
     try:
@@ -241,12 +269,14 @@ def _run_in(dsn: str, settings: Settings, opts: DemoOptions, phases: Phases) -> 
                 "poll_interval_seconds": min(settings.poll_interval_seconds, 0.5),
             }
         )
-        replay_stats = asyncio.run(_run(dsn, demo_settings, opts, since, phases))
+        plan = _plan(opts)
+        replay_stats = asyncio.run(_run(dsn, demo_settings, opts, since, phases, plan=plan))
         phases.phase("collecting the report")
         stats = _sandbox_stats(base_url)
         with psycopg.connect(dsn, autocommit=True) as conn:
             report = collect_run_report(conn, since)
             report["backpressure"] = _backpressure(conn, since, stats, limits)
+    report["offered"] = offered_load(plan, limits)
     report["replay"] = {
         "jobs": replay_stats.jobs,
         "elapsed_seconds": replay_stats.elapsed_seconds,

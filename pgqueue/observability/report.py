@@ -167,6 +167,30 @@ def render_run_report(report: dict[str, Any], console: Console, title: str = "Ru
             f"{use['window_seconds']:.0f} s: requests {pct(use['requests'])}, input tokens "
             f"{pct(use['input_tokens'])}, output tokens {pct(use['output_tokens'])}"
         )
+    offered = report.get("offered")
+    if offered:
+        _render_offered(offered, console)
+
+
+def _render_offered(offered: dict[str, dict[str, float]], console: Console) -> None:
+    """One line per tier: what it asked for while its jobs arrived, as shares of the limits,
+    and a warning for a tier whose SLO no schedule could meet (over 100 % of a limit)."""
+    names = {"requests": "requests", "input_tokens": "input", "output_tokens": "output"}
+    for tier, shares in offered.items():
+        worst = max(shares, key=lambda k: shares[k])
+        console.print(
+            f"Offered by {tier} while arriving: "
+            + ", ".join(f"{names[k]} {100 * v:.0f} %" for k, v in shares.items())
+            + " of the limits"
+            + (
+                f" (over the {names[worst]} limit by itself: its jobs queue behind each other,"
+                " whatever the schedule)"
+                if shares[worst] > 1.0
+                else ""
+            ),
+            markup=False,
+            highlight=False,
+        )
 
 
 def _render_latency(status: dict[str, Any], console: Console) -> None:

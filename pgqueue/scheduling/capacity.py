@@ -39,7 +39,7 @@ same. Pure: every time is a float of seconds on a clock injected by the caller.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from pgqueue.models import Tier
@@ -176,10 +176,26 @@ class TierShares:
         )
         self.guarantee[tier] = max(0.0, self.guarantee[tier] - need)
 
-    def pick(self, heads: Mapping[Tier, float]) -> Tier | None:
+    def pick(
+        self, heads: Mapping[Tier, float], fits: Callable[[Tier], bool] | None = None
+    ) -> Tier | None:
         """The tier to send next among ``heads`` (tier → its head job's need, the backlogged
-        tiers): the highest whose head is admissible, or ``None`` when none is."""
+        tiers): the highest whose head is admissible and ``fits`` the lane's other buckets
+        (requests, output tokens; ``None``: no other bucket), or ``None`` when none is.
+
+        A head admissible here that does not fit the other buckets holds back the lower tiers,
+        except a tier owed a job (its guarantee covers its head): their smaller requests would
+        otherwise take the output tokens as they come and the higher head, needing more, would
+        never find them (backfilling only where it does not delay the reserved head, as in EASY
+        backfilling: D. Lifka, "The ANL/IBM SP scheduling system", JSSPP 1995). The owed tiers
+        keep their shares of the input refill."""
+        held_back = False
         for tier in _ORDER:
-            if tier in heads and self.admissible(tier, heads[tier], heads):
+            if tier not in heads or not self.admissible(tier, heads[tier], heads):
+                continue
+            if held_back and self.guarantee[tier] < heads[tier]:
+                continue
+            if fits is None or fits(tier):
                 return tier
+            held_back = True
         return None

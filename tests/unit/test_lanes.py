@@ -202,6 +202,18 @@ def test_the_highest_admissible_tier_is_picked(level, guarantees, needs):
     assert shares.pick(needs) == (admissible[0] if admissible else None)
 
 
+def test_a_head_held_by_the_output_tokens_holds_back_lower_tiers_not_owed():
+    """Critical's head fits the input rule but not the output bucket: batch's smaller request
+    would fit, and goes only once its guarantee covers its head (it is owed a job)."""
+    shares = TierShares.full(40_000, 0.0)
+    heads = {C: 500.0, B: 500.0}
+    output_left = {C: False, B: True}  # critical needs more output tokens than are left
+    assert shares.pick(heads, output_left.__getitem__) is None
+    assert shares.pick(heads) is C  # without the other buckets, critical goes
+    shares.guarantee[B] = 500.0
+    assert shares.pick(heads, output_left.__getitem__) is B
+
+
 def test_work_conserving_when_one_tier_is_alone():
     for tier in Tier:
         sim = Sim()

@@ -102,15 +102,9 @@ def simulate(seed: int, demand: float, draw: Draw, seconds: float = 300) -> Serv
         while heads := {t: float(q[0][0][0]) for t, q in queues.items() if q}:
             shares.advance(now, heads)
             requests, output = requests.refilled(now), output.refilled(now)
-            picked = next(
-                (
-                    t
-                    for t in heads
-                    if shares.admissible(t, heads[t], heads)
-                    and requests.available >= 1
-                    and queues[t][0][0][1] <= output.available
-                ),
-                None,
+            room = (requests.available, output.available)
+            picked = shares.pick(
+                heads, lambda t, room=room: room[0] >= 1 and queues[t][0][0][1] <= room[1]
             )
             if picked is None:
                 break
