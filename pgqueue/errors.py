@@ -15,6 +15,7 @@ The SQL function ``pgqueue.enqueue`` raises the same usage errors with dedicated
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -150,16 +151,51 @@ class EmbeddedPostgresError(InfrastructureError):
 
 # ---------------------------------------------------------------- handler-control exceptions
 class HandlerControl(PgqueueError):
-    """Raised by a handler to choose the job's outcome explicitly."""
+    """Raised by a handler to choose the job's outcome explicitly.
+
+    Their arguments are checked when they are made: the reason becomes text (``str()`` of
+    anything), and a delay that is not a number of seconds, is negative or NaN raises
+    :class:`InvalidArgument` there, in the handler (which then fails the job, naming it).
+    Found by a tester: ``RetryLater(123)`` crashed the executor, and the job stayed ``running``
+    until its lease expired.
+    """
+
+
+def _reason_text(reason: object) -> str:
+    """``reason`` as text: itself if a string, else its ``str()``, else its type's name."""
+    if isinstance(reason, str):
+        return reason
+    try:
+        return str(reason)
+    except Exception:
+        return f"<{type(reason).__name__} whose str() failed>"
+
+
+def _seconds(name: str, value: object, *, optional: bool) -> float | None:
+    """``value`` as seconds (a float >= 0; +infinity is kept, the executor bounds it), None
+    when ``optional`` and not given; else :class:`InvalidArgument`."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        expected = "a number of seconds" + (" or None" if optional else "")
+        raise InvalidArgument(f"{name} must be {expected}, got {value!r}")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int beyond float's range
+        seconds = math.inf
+    if math.isnan(seconds) or seconds < 0:
+        raise InvalidArgument(f"{name} must be >= 0 seconds, got {value!r}")
+    return seconds
 
 
 class RetryLater(HandlerControl):
-    """Retry the job after ``delay_seconds`` (counts as a failed attempt)."""
+    """Retry the job after ``delay_seconds`` (counts as a failed attempt); without a delay,
+    after the usual backoff."""
 
-    def __init__(self, reason: str, delay_seconds: float | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.delay_seconds = delay_seconds
+    def __init__(self, reason: object, delay_seconds: float | None = None) -> None:
+        self.reason = _reason_text(reason)
+        self.delay_seconds = _seconds("delay_seconds", delay_seconds, optional=True)
+        super().__init__(self.reason)
 
 
 class RateLimited(HandlerControl):
@@ -171,30 +207,36 @@ class RateLimited(HandlerControl):
     """
 
     def __init__(
-        self, reason: str, retry_after_seconds: float | None, status_code: int = 429
+        self, reason: object, retry_after_seconds: float | None, status_code: int = 429
     ) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.retry_after_seconds = retry_after_seconds
+        if isinstance(status_code, bool) or not isinstance(status_code, int):
+            raise InvalidArgument(f"status_code must be an int, got {status_code!r}")
+        self.reason = _reason_text(reason)
+        self.retry_after_seconds = _seconds(
+            "retry_after_seconds", retry_after_seconds, optional=True
+        )
         self.status_code = status_code
+        super().__init__(self.reason)
 
 
 class Defer(HandlerControl):
     """This worker cannot run the job now (e.g. no API key): return it to the queue after
     ``delay_seconds`` without using an attempt."""
 
-    def __init__(self, reason: str, delay_seconds: float = 60.0) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.delay_seconds = delay_seconds
+    def __init__(self, reason: object, delay_seconds: float = 60.0) -> None:
+        self.reason = _reason_text(reason)
+        delay = _seconds("delay_seconds", delay_seconds, optional=False)
+        assert delay is not None  # not optional
+        self.delay_seconds = delay
+        super().__init__(self.reason)
 
 
 class Discard(HandlerControl):
     """Fail the job now, without further retries (a permanent error such as a 400)."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+    def __init__(self, reason: object) -> None:
+        self.reason = _reason_text(reason)
+        super().__init__(self.reason)
 
 
 USAGE_ERRORS: tuple[type[UsageError], ...] = (

@@ -92,6 +92,12 @@ async def noop(job: Job) -> dict[str, Any]:
     return {"ok": True}
 
 
+def _one_line(exc: BaseException) -> str:
+    """``exc`` as ``Type: first line of its message``."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 def load_app(spec: str) -> Registry:
     """Import ``module:attribute`` and return the :class:`Registry` found there.
 
@@ -101,7 +107,9 @@ def load_app(spec: str) -> Registry:
 
     Raises:
         InvalidArgument: the spec is malformed, the module cannot be imported, or the
-            attribute is not a Registry (or a callable returning one).
+            attribute is not a Registry, nor a function that takes no arguments and returns
+            one (one line naming what was expected; found by a tester: ``--app json:dumps``
+            gave a raw traceback).
     """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
@@ -113,9 +121,23 @@ def load_app(spec: str) -> Registry:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise InvalidArgument(f"cannot import {module_name!r}: {exc}") from exc
-    target = getattr(module, attr, None)
+    except Exception as exc:  # the module itself failed: its error, in one line
+        raise InvalidArgument(f"cannot import {module_name!r}: {_one_line(exc)}") from exc
+    expected = "expected a pgqueue.Registry, or a function that takes no arguments and returns one"
+    if not hasattr(module, attr):
+        raise InvalidArgument(f"--app {spec}: module {module_name!r} has no {attr!r}; {expected}")
+    target = getattr(module, attr)
     if callable(target) and not isinstance(target, Registry):
-        target = target()
+        try:
+            target = target()
+        except Exception as exc:
+            raise InvalidArgument(
+                f"--app {spec}: calling {attr}() failed ({_one_line(exc)}); {expected}"
+            ) from exc
+        if not isinstance(target, Registry):
+            raise InvalidArgument(
+                f"--app {spec}: {attr}() returned {type(target).__name__}; {expected}"
+            )
     if not isinstance(target, Registry):
-        raise InvalidArgument(f"{spec} is not a pgqueue.Registry")
+        raise InvalidArgument(f"--app {spec} is {type(target).__name__}; {expected}")
     return target

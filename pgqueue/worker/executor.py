@@ -61,12 +61,26 @@ def sync_handlers_running() -> int:
     return _sync_running
 
 
+class _RaisedInThread(Exception):
+    """Carries a ``BaseException`` that is not an ``Exception`` (``SystemExit``,
+    ``KeyboardInterrupt``) out of a synchronous handler's thread: raised as it is, it would end
+    the event loop from the task that waits for the thread, not just fail the job."""
+
+    def __init__(self, raised: BaseException) -> None:
+        super().__init__(raised)
+        self.raised = raised
+
+
 def _in_thread(handler: Handler, job: Job) -> Any:
     global _sync_running
     with _sync_lock:
         _sync_running += 1
     try:
         return handler(job)
+    except Exception:
+        raise
+    except BaseException as exc:
+        raise _RaisedInThread(exc) from None
     finally:
         with _sync_lock:
             _sync_running -= 1
@@ -130,7 +144,10 @@ async def _call_in_thread(handler: Handler, job: Job, timeout_seconds: float) ->
                     job.id,
                     timeout_seconds,
                 )
-    result = thread.result()
+    try:
+        result = thread.result()
+    except _RaisedInThread as carried:
+        raise carried.raised from None
     if inspect.isawaitable(result):
         result = await result
     return result, timed_out
@@ -305,27 +322,32 @@ async def execute(
             jitter=settings.retry_after_jitter,
             default_seconds=settings.default_retry_after_seconds,
         )
-        return Throttled(exc.reason[:_MAX_ERROR_CHARS], wait, exc.status_code, hint)
+        status = exc.status_code
+        if isinstance(status, bool) or not isinstance(status, int):
+            status = 429
+        return Throttled(_text(exc.reason), wait, status, hint)
     except RetryLater as exc:
         delay = _handler_delay(exc.delay_seconds, None)
         return Failed(
-            exc.reason[:_MAX_ERROR_CHARS],
-            delay if delay is not None else _backoff(job, settings, rng),
+            _text(exc.reason), delay if delay is not None else _backoff(job, settings, rng)
         )
     except Defer as exc:
         deferred = _handler_delay(exc.delay_seconds, DEFAULT_DEFER_SECONDS)
         assert deferred is not None
-        return Deferred(exc.reason[:_MAX_ERROR_CHARS], deferred)
+        return Deferred(_text(exc.reason), deferred)
     except Discard as exc:
-        return Failed(exc.reason[:_MAX_ERROR_CHARS], 0.0, permanent=True)
+        return Failed(_text(exc.reason), 0.0, permanent=True)
     except TimeoutError:
         return Failed(
             f"timed out after {settings.provider_timeout_seconds} s", _backoff(job, settings, rng)
         )
-    except Exception as exc:
-        return Failed(
-            f"{type(exc).__name__}: {exc}"[:_MAX_ERROR_CHARS], _backoff(job, settings, rng)
-        )
+    except asyncio.CancelledError:
+        raise  # the worker's own stop (or the job's cancellation): Interrupted
+    except BaseException as exc:
+        # SystemExit, KeyboardInterrupt or GeneratorExit raised by a handler fail its job like
+        # any exception. Found by a tester: `raise SystemExit(3)` in one handler ended the
+        # worker (exit 3), and every other job it held stayed `running` until its lease expired.
+        return Failed(_text(exc, f"{type(exc).__name__}: "), _backoff(job, settings, rng))
     return _to_success(returned)
 
 
@@ -348,6 +370,17 @@ def _handler_delay(value: object, fallback: float | None) -> float | None:
     if not math.isfinite(delay):
         return fallback
     return min(max(delay, 0.0), MAX_HANDLER_DELAY_SECONDS)
+
+
+def _text(value: object, prefix: str = "") -> str:
+    """``prefix`` and ``str(value)``, cut to :data:`_MAX_ERROR_CHARS`, whatever ``value`` is: a
+    handler's exception (or the reason it gave) never keeps its job's outcome from being
+    recorded (found by a tester: ``RetryLater(123)`` crashed on ``reason[:2000]``)."""
+    try:
+        text = value if isinstance(value, str) else str(value)
+    except Exception:
+        text = f"<{type(value).__name__} whose str() failed>"
+    return f"{prefix}{text}"[:_MAX_ERROR_CHARS]
 
 
 def _backoff(job: Job, settings: Settings, rng: random.Random) -> float:

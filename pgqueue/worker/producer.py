@@ -97,13 +97,19 @@ class Producer(JobRuns):
             timeout = min(timeout, max(self._blocked_seconds, 0.01))
         elif free > 0 and claimed == 0:
             due = await self._next_due()
+            horizon = self.settings.burst_horizon_seconds
             if (
                 self.burst
-                # none that can be stored (found by a tester: successes still waiting for
-                # their batched write, their rows held, got the stop's last 10 s only)
-                and len(self._jobs.running) == len(self._jobs.lost_runs())
-                and not self._jobs.flushing
-                and (due is None or due > self.settings.burst_horizon_seconds)
+                and due is not None
+                and due <= horizon
+                and self._idle()
+                and await self._learn_unhandled_kinds()
+            ):
+                due = await self._next_due()  # without the jobs of the kinds just learned
+            if (
+                self.burst
+                and self._idle()
+                and (due is None or due > horizon)
                 and self._pool is not None
                 and not await open_batches(self._pool)  # the lane's jobs are not done yet
             ):
@@ -114,13 +120,7 @@ class Producer(JobRuns):
                 due = await self._next_due()
                 if due is not None and due <= self.settings.burst_horizon_seconds:
                     return True
-                left = await self._queued_kinds(sorted(self._cannot_run))
-                if left:  # (found by a tester: it said so with none of them queued)
-                    log.warning(
-                        "burst: nothing left that this worker can run; jobs of kind %s stay "
-                        "queued for a worker that can",
-                        ", ".join(left),
-                    )
+                await self._say_what_is_left()
                 log.info("burst: nothing left to run; exiting")
                 return False
             if due is not None:
@@ -207,18 +207,56 @@ class Producer(JobRuns):
         except (psycopg.Error, PoolTimeout) as exc:
             log.warning("could not wait for the claim to be flushed (%s)", first_line(exc))
 
-    async def _queued_kinds(self, kinds: list[str]) -> list[str]:
-        """Which of ``kinds`` still have queued jobs (none asked: no statement); an empty list
-        when the database cannot say (it only words a warning)."""
+    def _idle(self) -> bool:
+        """Whether no job of this worker can still be stored: none running (but those whose
+        lease is lost), none waiting for its batched write (found by a tester: successes still
+        waiting for their write, their rows held, got the stop's last 10 s only)."""
+        return len(self._jobs.running) == len(self._jobs.lost_runs()) and not self._jobs.flushing
+
+    async def _learn_unhandled_kinds(self) -> bool:
+        """Add to the kinds this worker cannot run those of queued jobs due within the burst
+        horizon that have no handler here; whether there were any. Found by a tester: a burst
+        worker waited 60 s, silent, for a job that an earlier run had put back for want of a
+        handler, then put it back again."""
+        assert self._pool is not None
+        params = {
+            "kinds": sorted(set(self.registry) | self._cannot_run),
+            "horizon_seconds": min(self.settings.burst_horizon_seconds, 1e9),
+        }
+        try:
+            async with self._pool.connection(timeout=PRODUCER_RETRY_SECONDS) as conn:
+                rows = await queries.arun(conn, "job_due_kinds_besides", params)
+        except (psycopg.Error, PoolTimeout):
+            return False  # the burst worker waits for them, as before
+        self._cannot_run.update(str(r["kind"]) for r in rows)
+        return bool(rows)
+
+    async def _say_what_is_left(self) -> None:
+        """At a burst exit, one warning per reason for the queued jobs of kinds this worker
+        cannot run (none queued: nothing said; found by a tester: it warned with none of them
+        queued); nothing when the database cannot say."""
+        kinds = sorted(self._cannot_run)
         if not kinds:
-            return []
+            return
         assert self._pool is not None
         try:
             async with self._pool.connection(timeout=PRODUCER_RETRY_SECONDS) as conn:
                 rows = await queries.arun(conn, "job_queued_kinds", {"kinds": kinds})
         except (psycopg.Error, PoolTimeout):
-            return []
-        return [str(r["kind"]) for r in rows]
+            return
+        left = {str(r["kind"]): int(r["jobs"]) for r in rows}
+        for no_handler, why in ((True, "without a handler"), (False, "this worker cannot run")):
+            these = {k: n for k, n in left.items() if (k not in self.registry) == no_handler}
+            if these:
+                total = sum(these.values())
+                log.warning(
+                    "burst: left %d queued job%s of kinds %s: %s; they stay queued for a "
+                    "worker that can run them",
+                    total,
+                    "" if total == 1 else "s",
+                    why,
+                    ", ".join(these),
+                )
 
     async def _next_due(self) -> float | None:
         assert self._pool is not None

@@ -162,12 +162,18 @@ class Worker(Producer):
             log.warning("second signal: returning running jobs to the queue")
             self.request_stop(hard=True)
         else:
-            log.info(
-                "stopping: no new claims; waiting up to %.0f s for %d job(s) to finish and be "
-                "recorded",
-                self.settings.shutdown_grace_seconds,
-                self._jobs.waited_for(),
-            )
+            # At WARNING, so that a plain `pgqueue work` shows it (found by a tester: the first
+            # Ctrl-C printed nothing for the up to 30 s it waited).
+            waited_for = self._jobs.waited_for()
+            if waited_for:
+                log.warning(
+                    "stopping: no new claims; waiting up to %g s for %d running job(s); press "
+                    "Ctrl-C again (or send another SIGTERM) to return them to the queue now",
+                    self.settings.shutdown_grace_seconds,
+                    waited_for,
+                )
+            else:
+                log.warning("stopping: no new claims; no job running")
             self.request_stop()
 
     # --------------------------------------------------------------------- run

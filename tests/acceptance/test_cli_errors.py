@@ -285,6 +285,28 @@ def test_work_with_an_unknown_app(db_dsn):
     assert "cannot import" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("json:dumps", "calling dumps() failed (TypeError: dumps() missing 1 required"),
+        ("json:JSONDecoder", "JSONDecoder() returned JSONDecoder;"),
+        ("json:no_such_name", "module 'json' has no 'no_such_name';"),
+        ("json:__name__", "json:__name__ is str;"),
+        ("broken_app_29:registry", "cannot import 'broken_app_29': RuntimeError: no config"),
+    ],
+)
+def test_work_with_an_app_that_is_not_a_registry(db_dsn, tmp_path, monkeypatch, spec, says):
+    """Found by a tester: `--app json:dumps` (a factory that raises) gave a raw traceback and
+    exit 1. Now: one line naming what was expected, exit 2."""
+    (tmp_path / "broken_app_29.py").write_text("raise RuntimeError('no config\\nsecond line')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = run("work", "--burst", "--app", spec, "--dsn", db_dsn)
+    assert result.exit_code == 2, result.stderr
+    assert says in result.stderr
+    assert "expected a pgqueue.Registry" in result.stderr or "cannot import" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 def test_schema_newer_than_this_pgqueue(db_dsn):
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("UPDATE pgqueue.alembic_version SET version_num = '9999'")

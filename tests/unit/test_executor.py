@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pgqueue import Registry
-from pgqueue.errors import Defer, Discard, RateLimited, RetryLater
+from pgqueue.errors import Defer, Discard, InvalidArgument, RateLimited, RetryLater
 from pgqueue.models import Deferred, Failed, HandlerResult, Job, Succeeded, Throttled, Tier
 from pgqueue.settings import Settings
 from pgqueue.worker.executor import SharedDeadline, execute
@@ -118,14 +118,22 @@ def test_settings_refuse_a_timeout_that_outlives_the_lease():
         Settings(lease_seconds=30, provider_timeout_seconds=10, heartbeat_seconds=30)
 
 
+def _set(exc: Exception, **attributes: object) -> Exception:
+    """``exc`` with ``attributes`` set after construction (which refuses such values): the
+    executor still copes with them."""
+    for name, value in attributes.items():
+        setattr(exc, name, value)
+    return exc
+
+
 @pytest.mark.parametrize(
     ("raised", "check"),
     [
         (RetryLater("x", delay_seconds=float("inf")), lambda o: 0 < o.retry_in_seconds < 1e6),
-        (RetryLater("x", delay_seconds=float("nan")), lambda o: 0 < o.retry_in_seconds < 1e6),
+        (_set(RetryLater("x"), delay_seconds=float("nan")), lambda o: 0 < o.retry_in_seconds < 1e6),
         (RetryLater("x", delay_seconds=1e11), lambda o: o.retry_in_seconds == 90 * 86_400),
-        (RetryLater("x", delay_seconds=-3), lambda o: o.retry_in_seconds == 0),
-        (RetryLater("x", delay_seconds="5"), lambda o: 0 < o.retry_in_seconds < 1e6),  # type: ignore[arg-type]
+        (_set(RetryLater("x"), delay_seconds=-3), lambda o: o.retry_in_seconds == 0),
+        (_set(RetryLater("x"), delay_seconds="5"), lambda o: 0 < o.retry_in_seconds < 1e6),
         (Defer("x", delay_seconds=float("inf")), lambda o: o.delay_seconds == 60),
         (Defer("x", delay_seconds=1e15), lambda o: o.delay_seconds == 90 * 86_400),
         (
@@ -133,7 +141,7 @@ def test_settings_refuse_a_timeout_that_outlives_the_lease():
             lambda o: isinstance(o, Throttled) and o.retry_after_seconds is None,
         ),
         (
-            RateLimited("429", retry_after_seconds=float("nan")),
+            _set(RateLimited("429", None), retry_after_seconds=float("nan")),
             lambda o: isinstance(o, Throttled) and 0 < o.wait_seconds < 60,
         ),
     ],
@@ -326,3 +334,96 @@ async def test_each_job_gets_its_full_time_from_its_own_start() -> None:
     with pytest.raises(TimeoutError):
         await first  # 0.4 s after its start
     assert await second == "done"  # 0.55 s after the first started, 0.25 s after its own start
+
+
+def _raiser(exc: BaseException, *, in_thread: bool) -> Registry:
+    r = Registry()
+    if in_thread:
+
+        @r.handler("raise.base")
+        def plain(j: Job) -> None:
+            raise exc
+
+    else:
+
+        @r.handler("raise.base")
+        async def coro(j: Job) -> None:
+            raise exc
+
+    return r
+
+
+@pytest.mark.parametrize("in_thread", [False, True])
+@pytest.mark.parametrize(
+    ("raised", "text"),
+    [
+        (SystemExit(3), "SystemExit: 3"),
+        (KeyboardInterrupt(), "KeyboardInterrupt: "),
+        (GeneratorExit("misused"), "GeneratorExit: misused"),
+    ],
+)
+async def test_a_base_exception_from_a_handler_fails_its_job(
+    raised: BaseException, text: str, in_thread: bool
+) -> None:
+    """Found by a tester: a handler's `raise SystemExit(3)` ended the whole worker (exit 3)
+    and stranded the other jobs it held. Now it fails that job, retried like any error."""
+    outcome = await execute(
+        job("raise.base"), _raiser(raised, in_thread=in_thread), SETTINGS, random.Random(0)
+    )
+    assert isinstance(outcome, Failed) and not outcome.permanent, outcome
+    assert outcome.error == text and outcome.retry_in_seconds > 0
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+
+async def test_an_exception_whose_str_fails_still_fails_its_job() -> None:
+    outcome = await execute(
+        job("raise.base"), _raiser(_Unprintable(), in_thread=False), SETTINGS, random.Random(0)
+    )
+    assert isinstance(outcome, Failed)
+    assert outcome.error == "_Unprintable: <_Unprintable whose str() failed>"
+
+
+@pytest.mark.parametrize(
+    ("raised", "check"),
+    [
+        (RetryLater(123), lambda o: isinstance(o, Failed) and o.error == "123"),
+        (RetryLater(None, 5), lambda o: isinstance(o, Failed) and o.retry_in_seconds == 5),
+        (Defer(["no", "key"]), lambda o: isinstance(o, Deferred) and o.reason == "['no', 'key']"),
+        (Discard(404), lambda o: isinstance(o, Failed) and o.permanent and o.error == "404"),
+        (RateLimited(429, 2), lambda o: isinstance(o, Throttled) and o.error == "429"),
+        (RetryLater(10**400, 10**400), lambda o: isinstance(o, Failed) and o.error[:4] == "1000"),
+        # a reason changed after construction is still made text
+        (_set(Discard("x"), reason=7), lambda o: isinstance(o, Failed) and o.error == "7"),
+        (_set(RateLimited("x", 1), status_code="429"), lambda o: o.status_code == 429),
+    ],
+)
+async def test_a_handler_control_reason_that_is_not_text_is_recorded(raised, check) -> None:
+    """Found by a tester: `RetryLater(123)` crashed the executor (`reason[:2000]` on an int),
+    so the job stayed `running` until its lease expired, and each rescue used an attempt."""
+    outcome = await execute(
+        job("raise.base"), _raiser(raised, in_thread=False), SETTINGS, random.Random(0)
+    )
+    assert check(outcome), outcome
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: RetryLater("x", -1), "delay_seconds must be >= 0 seconds, got -1"),
+        (lambda: RetryLater("x", float("nan")), "delay_seconds must be >= 0 seconds, got nan"),
+        (lambda: RetryLater("x", "5"), "delay_seconds must be a number of seconds or None"),
+        (lambda: RetryLater("x", True), "delay_seconds must be a number of seconds or None"),
+        (lambda: Defer("x", None), "delay_seconds must be a number of seconds, got None"),
+        (lambda: Defer("x", -0.5), "delay_seconds must be >= 0 seconds"),
+        (lambda: RateLimited("x", -2), "retry_after_seconds must be >= 0 seconds"),
+        (lambda: RateLimited("x", 1, "429"), "status_code must be an int, got '429'"),
+    ],
+)
+def test_handler_control_exceptions_refuse_nonsense_when_made(make, message) -> None:
+    with pytest.raises(InvalidArgument) as raised:
+        make()
+    assert message in str(raised.value)

@@ -115,3 +115,44 @@ async def test_the_burst_exit_names_only_the_kinds_left_queued(
     await asyncio.wait_for(worker.run(install_signal_handlers=False), 50)
     said = [r.getMessage() for r in caplog.records if "stay queued" in r.getMessage()]
     assert len(said) == 1 and "no.such.kind" in said[0] and "anthropic" not in said[0], said
+
+
+@pytest.mark.timeout(120)
+async def test_a_burst_worker_does_not_wait_for_jobs_it_has_no_handler_for(
+    db_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by a tester: a first `work --burst` put an `x.unknown` job back for 60 s (no
+    handler); a second waited those 60 s in silence, claimed it, put it back again and exited.
+    Now a burst worker learns the queued kinds it has no handler for before it would wait for
+    them, and says what it leaves; it still waits for the jobs it can run (one due in 2 s)."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        pgqueue.enqueue_many(
+            conn,
+            [
+                JobSpec("t", "scheduled", {"n": 1}, kind="x.unknown"),
+                JobSpec("t", "scheduled", {"n": 2}, kind="pgqueue.noop"),
+            ],
+        )
+        # as an earlier burst run left them: put back for 60 s; and a job it can run, soon
+        conn.execute("UPDATE pgqueue.jobs SET run_at = now() + interval '60 seconds'")
+        conn.execute(
+            "UPDATE pgqueue.jobs SET run_at = now() + interval '2 seconds'"
+            " WHERE kind = 'pgqueue.noop'"
+        )
+    caplog.set_level(logging.WARNING, logger="pgqueue.worker")
+    worker = Worker(db_dsn, Settings(poll_interval_seconds=0.1), concurrency=2, burst=True)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    stats = await asyncio.wait_for(worker.run(install_signal_handlers=False), 50)
+    took = loop.time() - began
+
+    assert stats.claimed == 1 and stats.outcomes == {"succeeded": 1}
+    assert 2 <= took < 30, took  # waited for the noop job, not for the x.unknown one (60 s)
+    said = [r.getMessage() for r in caplog.records if "burst: left" in r.getMessage()]
+    assert said == [
+        "burst: left 1 queued job of kinds without a handler: x.unknown; they stay queued "
+        "for a worker that can run them"
+    ]
+    with psycopg.connect(db_dsn) as conn:
+        rows = conn.execute("SELECT kind, state::text, attempts FROM pgqueue.jobs ORDER BY id")
+        assert rows.fetchall() == [("x.unknown", "queued", 0), ("pgqueue.noop", "succeeded", 1)]

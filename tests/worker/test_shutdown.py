@@ -82,6 +82,10 @@ def test_sigterm_lets_running_jobs_finish_within_grace(db_dsn: str, tmp_path: Pa
         proc.kill()
     assert code == 0, proc.stderr()
     assert "claimed 4 (succeeded 4)" in proc.stdout()
+    # said at once, without --verbose (found by a tester: the first Ctrl-C printed nothing)
+    assert (
+        "stopping: no new claims; waiting up to 30 s for 4 running job(s); press Ctrl-C again"
+    ) in proc.stderr()
 
     rows = {r["id"]: r for r in jobs(db_dsn)}
     for job_id in slow:  # finished within the grace period, on their only attempt

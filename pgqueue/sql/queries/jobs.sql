@@ -222,11 +222,25 @@ FROM pgqueue.jobs
 WHERE state = 'queued' AND kind <> ALL (%(skip_kinds)s::text[])
 
 -- name: job_queued_kinds :many
--- Which of these kinds (text[]) still have queued jobs: what a burst worker that cannot run
--- them leaves behind, said once at its exit. A scan of the queued jobs' index, at exit only.
-SELECT DISTINCT j.kind
+-- Which of these kinds (text[]) still have queued jobs, and how many: what a burst worker that
+-- cannot run them leaves behind, said once at its exit. A scan of the queued jobs' index, at
+-- exit only.
+SELECT j.kind, count(*) AS jobs
 FROM pgqueue.jobs j
 WHERE j.state = 'queued' AND j.kind = ANY (%(kinds)s::text[])
+GROUP BY j.kind
+ORDER BY j.kind
+
+-- name: job_due_kinds_besides :many
+-- The kinds of the queued jobs due within `horizon_seconds` that are not in `kinds` (text[]):
+-- those an idle burst worker has no handler for, learned before it would wait for them (found
+-- by a tester: it waited 60 s for a job put back for want of a handler, then put it back
+-- again). A range scan of jobs_queued_run_at_idx, only when the worker has nothing to run.
+SELECT DISTINCT j.kind
+FROM pgqueue.jobs j
+WHERE j.state = 'queued'
+  AND j.run_at <= now() + make_interval(secs => %(horizon_seconds)s)
+  AND j.kind <> ALL (%(kinds)s::text[])
 ORDER BY j.kind
 
 -- name: job_requeue_failed :many
