@@ -1,7 +1,9 @@
 """How the tiers of one lane share its provider's capacity: the pure reference of the rule.
 
-The binding resource of a lane is its input-token bucket (a provider limit of ``capacity``
-tokens per minute, refilled continuously). :class:`TierShares` splits it between the tiers:
+A lane's provider limits are token buckets (input and output tokens, each a limit of
+``capacity`` tokens per minute, refilled continuously). :class:`TierShares` splits one of them
+between the tiers; :func:`pick_across` applies the rule to every bucket at once (the binding
+one may be either):
 
 - **Guarantees.** While a tier is backlogged, its *guarantee* ``g`` grows at its weight's
   share of the refill rate (critical 70, standard 25, batch 5, among the backlogged tiers).
@@ -39,13 +41,19 @@ same. Pure: every time is a float of seconds on a clock injected by the caller.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pgqueue.models import Tier
 from pgqueue.scheduling.tiers import DEFAULT_TIER_WEIGHTS
 
-__all__ = ["DEFAULT_RESERVE_FRACTION", "DEFAULT_RESERVE_JOBS", "MEAN_WEIGHT", "TierShares"]
+__all__ = [
+    "DEFAULT_RESERVE_FRACTION",
+    "DEFAULT_RESERVE_JOBS",
+    "MEAN_WEIGHT",
+    "TierShares",
+    "pick_across",
+]
 
 #: Default trunk reserve, as a fraction of the bucket's capacity (1/4: 10,000 of 40,000).
 #: A burst of critical jobs larger than the reserve waits for critical's share (70 %) of the
@@ -176,26 +184,28 @@ class TierShares:
         )
         self.guarantee[tier] = max(0.0, self.guarantee[tier] - need)
 
-    def pick(
-        self, heads: Mapping[Tier, float], fits: Callable[[Tier], bool] | None = None
-    ) -> Tier | None:
+    def pick(self, heads: Mapping[Tier, float]) -> Tier | None:
         """The tier to send next among ``heads`` (tier → its head job's need, the backlogged
-        tiers): the highest whose head is admissible and ``fits`` the lane's other buckets
-        (requests, output tokens; ``None``: no other bucket), or ``None`` when none is.
+        tiers): the highest whose head is admissible, or ``None`` when none is."""
+        return pick_across([(self, heads)])
 
-        A head admissible here that does not fit the other buckets holds back the lower tiers,
-        except a tier owed a job (its guarantee covers its head): their smaller requests would
-        otherwise take the output tokens as they come and the higher head, needing more, would
-        never find them (backfilling only where it does not delay the reserved head, as in EASY
-        backfilling: D. Lifka, "The ANL/IBM SP scheduling system", JSSPP 1995). The owed tiers
-        keep their shares of the input refill."""
-        held_back = False
-        for tier in _ORDER:
-            if tier not in heads or not self.admissible(tier, heads[tier], heads):
-                continue
-            if held_back and self.guarantee[tier] < heads[tier]:
-                continue
-            if fits is None or fits(tier):
-                return tier
-            held_back = True
-        return None
+
+def pick_across(
+    buckets: Sequence[tuple[TierShares, Mapping[Tier, float]]],
+    room: Callable[[Tier], bool] | None = None,
+) -> Tier | None:
+    """The tier a lane sends next when the rule shares several token buckets (input and
+    output tokens): the highest tier backlogged in the first bucket whose head is admissible
+    in every bucket (each :class:`TierShares` with its heads' needs in its own tokens) and for
+    which ``room`` holds (the requests bucket, say; ``None``: always), or ``None``. Sharing one
+    bucket only let the lower tiers' smaller requests take the other's tokens as they came,
+    and a higher head needing more never found them."""
+    first = buckets[0][1]
+    for tier in _ORDER:
+        if tier not in first:
+            continue
+        if all(shares.admissible(tier, heads[tier], heads) for shares, heads in buckets) and (
+            room is None or room(tier)
+        ):
+            return tier
+    return None

@@ -259,20 +259,28 @@ def test_the_ratio_applies_to_the_heads_as_to_the_take(conn):
 
 
 def test_the_pick_sees_the_cooldown_the_requests_and_the_output_tokens(conn):
-    """As ratelimit_try_take decides: nothing during a cooldown or without a request. A tier
-    whose head's max_tokens do not fit the output bucket holds back a lower tier whose do,
-    unless that tier is owed a job by its guarantee (TierShares.pick): before this rule the
-    lower tiers' smaller requests took the output tokens as they came, and an output-bound
-    replay at Tier-1 limits had critical p99 at 23 s."""
+    """As ratelimit_try_take decides: nothing during a cooldown or without a request. The
+    output bucket is shared by the same rule as the input (tier_grow, tier_short): a lower
+    tier's head takes free output tokens, not those critical's guarantee holds, and critical's
+    guarantee grows until its head goes. Before, the lower tiers' smaller requests took the
+    output tokens as they came, and an output-bound replay at Tier-1 limits had critical p99
+    at 23 s."""
     limiter(conn)
     conn.execute(
         "UPDATE pgqueue.rate_limits SET output_tokens_per_minute = 8000,"
         " output_tokens_available = 1000"
     )
     both = "SELECT pgqueue.ratelimit_pick_tier('m', '{500,500,NULL}', %s::double precision[])"
-    assert conn.execute(both, ([2000, 800, None],)).fetchone()[0] is None  # held back
-    conn.execute("UPDATE pgqueue.rate_limits SET guarantee_standard = 500")  # owed a job
-    assert conn.execute(both, ([2000, 800, None],)).fetchone()[0] == "standard"
+    assert conn.execute(both, ([2000, 800, None],)).fetchone()[0] == "standard"  # free tokens
+    conn.execute("UPDATE pgqueue.rate_limits SET output_guarantee_critical = 1000")
+    assert conn.execute(both, ([2000, 800, None],)).fetchone()[0] is None  # critical's tokens
+    elapse(conn, 30)
+    assert conn.execute(both, ([2000, 800, None],)).fetchone()[0] == "critical"
+    assert row(conn)["output_guarantee_critical"] >= 2000
+    conn.execute(
+        "UPDATE pgqueue.rate_limits SET output_tokens_available = 1000,"
+        " output_guarantee_critical = 0, output_guarantee_standard = 0"
+    )
     assert conn.execute(both, ([800, 800, None],)).fetchone()[0] == "critical"
     assert conn.execute(both, ([2000, 2000, None],)).fetchone()[0] is None
     assert pick(conn, {C: 500}) is C  # no output needs given: not checked here

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgqueue.models import Tier
-from pgqueue.scheduling.capacity import TierShares
+from pgqueue.scheduling.capacity import TierShares, pick_across
 from pgqueue.scheduling.lanes import LaneScheduler, lane_of
 from pgqueue.scheduling.ratelimit import TokenBucket
 
@@ -202,16 +202,25 @@ def test_the_highest_admissible_tier_is_picked(level, guarantees, needs):
     assert shares.pick(needs) == (admissible[0] if admissible else None)
 
 
-def test_a_head_held_by_the_output_tokens_holds_back_lower_tiers_not_owed():
-    """Critical's head fits the input rule but not the output bucket: batch's smaller request
-    would fit, and goes only once its guarantee covers its head (it is owed a job)."""
-    shares = TierShares.full(40_000, 0.0)
-    heads = {C: 500.0, B: 500.0}
-    output_left = {C: False, B: True}  # critical needs more output tokens than are left
-    assert shares.pick(heads, output_left.__getitem__) is None
-    assert shares.pick(heads) is C  # without the other buckets, critical goes
-    shares.guarantee[B] = 500.0
-    assert shares.pick(heads, output_left.__getitem__) is B
+def test_the_rule_shares_the_output_tokens_too():
+    """Output-bound: critical's head needs 300 output tokens, batch's 50, the output bucket is
+    empty. Picking by the levels alone, batch takes each 50 tokens as they come and critical
+    never finds 300; with the rule on the output bucket too, critical's guarantee grows at
+    70/75 of the refill and holds its tokens, so it goes within 300 / (0.93 × 133) s."""
+    inputs = TierShares.full(40_000, 0.0)
+    outputs = TierShares(8_000, 0.0, 0.0)
+    heads_in, heads_out = {C: 500.0, B: 500.0}, {C: 300.0, B: 50.0}
+    now, sent = 0.0, []
+    while C not in sent and now < 10:
+        now += STEP
+        inputs.advance(now, heads_in)
+        outputs.advance(now, heads_out)
+        while (tier := pick_across([(inputs, heads_in), (outputs, heads_out)])) is not None:
+            inputs.take(tier, heads_in[tier])
+            outputs.take(tier, heads_out[tier])
+            sent.append(tier)
+    assert C in sent and now <= 300 / (0.93 * 8_000 / 60) + STEP
+    assert sent.count(B) <= 1  # batch's own 5/75 of the refill, not every 50 tokens
 
 
 def test_work_conserving_when_one_tier_is_alone():

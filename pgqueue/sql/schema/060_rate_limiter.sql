@@ -64,38 +64,107 @@ AS $$
             r.input_tokens_available - r.guarantee_critical - r.guarantee_standard)),
         guarantees_at = r.guarantees_at,
         tiers_backlogged = r.tiers_backlogged,
-        mean_input_tokens = r.mean_input_tokens
+        mean_input_tokens = r.mean_input_tokens,
+        output_guarantee_critical = least(r.output_guarantee_critical,
+            greatest(0, r.output_tokens_available)),
+        output_guarantee_standard = least(r.output_guarantee_standard,
+            greatest(0, r.output_tokens_available - r.output_guarantee_critical)),
+        output_guarantee_batch = least(r.output_guarantee_batch, greatest(0,
+            r.output_tokens_available - r.output_guarantee_critical
+            - r.output_guarantee_standard)),
+        mean_output_tokens = r.mean_output_tokens
     WHERE l.model = r.model
 $$;
 
--- How the tiers share a model's input-token bucket: the rule of TierShares
--- (pgqueue/scheduling/capacity.py, the pure reference; docs/drr.md). While a tier is
--- backlogged its guarantee grows at its weight's share of the refill (70:25:5 among the
--- backlogged tiers; GUCs pgqueue.tier_weight_<tier>); guaranteed tokens stay in the bucket for
--- that tier. A tier below an idle higher tier keeps the trunk reserve in the bucket: room
--- for pgqueue.ratelimit_trunk_reserve_jobs (default 20) requests of the model's mean size
--- (mean_input_tokens, a running mean of the takes), at most pgqueue.ratelimit_trunk_reserve
--- (a share of the per-minute limit, default 0.25), never more than the limit minus its job's
--- need, so every job that fits the bucket is let in eventually. Counted in requests, as trunk
--- reservation counts circuits: the share alone is 15 s of refill at any limit, and held the
--- lower tiers for that long after every drain.
+-- How the tiers share each of a model's token buckets (input, output): the rule of TierShares
+-- (pgqueue/scheduling/capacity.py, the pure reference; docs/drr.md), applied to both. While a
+-- tier is backlogged its guarantee grows at its weight's share of the refill (70:25:5 among
+-- the backlogged tiers; GUCs pgqueue.tier_weight_<tier>); guaranteed tokens stay in the bucket
+-- for that tier. A tier below an idle higher tier keeps the trunk reserve in the bucket: room
+-- for pgqueue.ratelimit_trunk_reserve_jobs (default 20) requests of the bucket's mean size (a
+-- running mean of the takes), at most pgqueue.ratelimit_trunk_reserve (a share of the
+-- per-minute limit, default 0.25), never more than the limit minus its job's need, so every
+-- job that fits the bucket is let in eventually. Counted in requests, as trunk reservation
+-- counts circuits: the share alone is 15 s of refill at any limit, and held the lower tiers
+-- for that long after every drain. Both buckets: with the output tokens binding, lower tiers'
+-- smaller requests took them as they came and a critical head needing more never found them.
+-- A bucket is passed as (limit per minute, level, guarantees in tier order, mean size).
 
--- The reserve `p_tier` must leave for a job needing `p_need` tokens: none when every higher
--- tier was backlogged at the last pick (each has its own guarantee), else the trunk reserve.
-CREATE OR REPLACE FUNCTION pgqueue.ratelimit_tier_reserve(r pgqueue.rate_limits,
-                                                          p_tier pgqueue.tier,
-                                                          p_need double precision)
+-- The reserve `p_tier` must leave for a job needing `p_need` tokens of a bucket: none when
+-- every higher tier was backlogged at the last pick (each has its own guarantee), else the
+-- trunk reserve.
+CREATE OR REPLACE FUNCTION pgqueue.tier_reserve(p_limit double precision, p_mean double precision,
+                                                p_backlogged pgqueue.tier[], p_tier pgqueue.tier,
+                                                p_need double precision)
 RETURNS double precision
 LANGUAGE sql STABLE
 AS $$
     SELECT CASE
         -- the tiers from critical down to p_tier: all backlogged, or p_tier itself
-        WHEN enum_range(NULL::pgqueue.tier, p_tier) <@ (r.tiers_backlogged || p_tier) THEN 0
-        ELSE greatest(0, least(
-            pgqueue.setting('ratelimit_trunk_reserve', 0.25) * r.input_tokens_per_minute,
-            pgqueue.setting('ratelimit_trunk_reserve_jobs', 20) * r.mean_input_tokens,
-            r.input_tokens_per_minute - p_need))
+        WHEN enum_range(NULL::pgqueue.tier, p_tier) <@ (p_backlogged || p_tier) THEN 0
+        ELSE greatest(0, least(pgqueue.setting('ratelimit_trunk_reserve', 0.25) * p_limit,
+                               pgqueue.setting('ratelimit_trunk_reserve_jobs', 20) * p_mean,
+                               p_limit - p_need))
     END
+$$;
+
+-- Tokens of a bucket `p_tier` lacks to send a head needing `p_need` under the rule: 0 when its
+-- guarantee covers it, or its guarantee and the tokens no guarantee holds cover it and leave
+-- its reserve (0 too for no tier: an untiered take is checked against the level alone).
+CREATE OR REPLACE FUNCTION pgqueue.tier_short(p_limit double precision, p_level double precision,
+                                              p_guarantees double precision[],
+                                              p_mean double precision,
+                                              p_backlogged pgqueue.tier[], p_tier pgqueue.tier,
+                                              p_need double precision)
+RETURNS double precision
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE
+        WHEN p_tier IS NULL OR held >= p_need THEN 0
+        ELSE greatest(0, pgqueue.tier_reserve(p_limit, p_mean, p_backlogged, p_tier, p_need)
+                         - (held + p_level - (p_guarantees[1] + p_guarantees[2] + p_guarantees[3])
+                            - p_need))
+    END
+    FROM (SELECT p_guarantees[array_position(enum_range(NULL::pgqueue.tier), p_tier)] AS held) h
+$$;
+
+-- A bucket's guarantees grown over `p_elapsed` seconds for the heads' needs `p_needs` (tier
+-- order, NULL: not backlogged), as TierShares.advance: a tier not backlogged loses its
+-- guarantee, one above its head's need is cut back to it, then each backlogged tier, highest
+-- first, gains its weight's share of the refill from the free tokens, a lower tier leaving its
+-- reserve.
+CREATE OR REPLACE FUNCTION pgqueue.tier_grow(p_limit double precision, p_level double precision,
+                                             p_guarantees double precision[],
+                                             p_mean double precision,
+                                             p_needs double precision[],
+                                             p_elapsed double precision)
+RETURNS double precision[]
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    tiers pgqueue.tier[] := enum_range(NULL::pgqueue.tier);
+    backlogged pgqueue.tier[] := ARRAY(SELECT tiers[i] FROM generate_series(1, 3) i
+                                       WHERE p_needs[i] IS NOT NULL ORDER BY i);
+    g double precision[] := p_guarantees;
+    total_w double precision := 0;
+    grow double precision;
+BEGIN
+    FOR i IN 1 .. 3 LOOP
+        g[i] := CASE WHEN p_needs[i] IS NULL THEN 0 ELSE least(g[i], p_needs[i]) END;
+        total_w := total_w + CASE WHEN p_needs[i] IS NULL THEN 0
+                                  ELSE pgqueue.tier_weight(tiers[i]) END;
+    END LOOP;
+    FOR i IN 1 .. 3 LOOP
+        CONTINUE WHEN p_needs[i] IS NULL;
+        grow := least(pgqueue.tier_weight(tiers[i]) / total_w * p_limit / 60.0 * p_elapsed,
+                      p_level - (g[1] + g[2] + g[3])
+                      - pgqueue.tier_reserve(p_limit, p_mean, backlogged, tiers[i], p_needs[i]));
+        IF grow > 0 THEN
+            g[i] := g[i] + grow;
+        END IF;
+    END LOOP;
+    RETURN g;
+END
 $$;
 
 -- Seconds until one request fits the row `r` (refilled to now): 1 request, the estimated input
@@ -104,12 +173,12 @@ $$;
 -- Input tokens are an estimate (characters / 4), so the input bucket keeps a margin for its
 -- error (GUC pgqueue.ratelimit_input_margin, a share of the limit, default 0.02; less for a
 -- request too large to leave it): without it a worker starting on a full 40k bucket admitted
--- 40.3k tokens in its first second and met a 429. With `p_tier`, the tier's rule too: paid
--- from its guarantee, or from its guarantee and the tokens no guarantee holds, leaving its
--- reserve. The margin guards every take, the reserve only some: the reserve counts the margin
--- in rather than adding to it (a take leaving the 25 % reserve leaves the 2 % margin), so
--- the margin binds alone only where no reserve is kept (critical, or below busy tiers). The
--- tier's wait is a lower bound (others' guarantees grow meanwhile): the caller asks again.
+-- 40.3k tokens in its first second and met a 429. With `p_tier`, the tier's rule on both
+-- token buckets too (tier_short). The margin guards every take, the reserve only some: the
+-- reserve counts the margin in rather than adding to it (a take leaving the 25 % reserve leaves
+-- the 2 % margin), so the margin binds alone only where no reserve is kept (critical, or below
+-- busy tiers). The tier's wait is a lower bound (others' guarantees grow meanwhile): the
+-- caller asks again.
 CREATE OR REPLACE FUNCTION pgqueue.ratelimit_wait(r pgqueue.rate_limits, p_tier pgqueue.tier,
                                                   p_input_tokens double precision,
                                                   p_output_tokens double precision)
@@ -118,15 +187,11 @@ LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     need_in double precision := p_input_tokens * r.input_estimate_ratio;
-    rate double precision := r.input_tokens_per_minute / 60.0;
+    rate_in double precision := r.input_tokens_per_minute / 60.0;
+    rate_out double precision := r.output_tokens_per_minute / 60.0;
     margin double precision := least(
         pgqueue.setting('ratelimit_input_margin', 0.02) * r.input_tokens_per_minute,
         greatest(0, r.input_tokens_per_minute - need_in));
-    held double precision := CASE p_tier WHEN 'critical' THEN r.guarantee_critical
-        WHEN 'standard' THEN r.guarantee_standard WHEN 'batch' THEN r.guarantee_batch END;
-    free double precision := r.input_tokens_available
-        - (r.guarantee_critical + r.guarantee_standard + r.guarantee_batch);
-    short double precision := 0;
 BEGIN
     IF r.cooldown_until > now() THEN
         RETURN extract(epoch FROM r.cooldown_until - now());
@@ -134,22 +199,27 @@ BEGIN
     IF need_in > r.input_tokens_per_minute OR p_output_tokens > r.output_tokens_per_minute THEN
         RETURN 'Infinity'::double precision;
     END IF;
-    IF held < need_in THEN  -- not from the guarantee alone (NULL for no tier)
-        short := pgqueue.ratelimit_tier_reserve(r, p_tier, need_in) - (held + free - need_in);
-    END IF;
     RETURN greatest(
         (1 - r.requests_available) / (r.requests_per_minute / 60.0),
-        (need_in + margin - r.input_tokens_available) / rate,
-        (p_output_tokens - r.output_tokens_available) / (r.output_tokens_per_minute / 60.0),
-        short / rate,
+        (need_in + margin - r.input_tokens_available) / rate_in,
+        (p_output_tokens - r.output_tokens_available) / rate_out,
+        pgqueue.tier_short(r.input_tokens_per_minute, r.input_tokens_available,
+                           ARRAY[r.guarantee_critical, r.guarantee_standard, r.guarantee_batch],
+                           r.mean_input_tokens, r.tiers_backlogged, p_tier, need_in) / rate_in,
+        pgqueue.tier_short(r.output_tokens_per_minute, r.output_tokens_available,
+                           ARRAY[r.output_guarantee_critical, r.output_guarantee_standard,
+                                 r.output_guarantee_batch],
+                           r.mean_output_tokens, r.tiers_backlogged, p_tier, p_output_tokens)
+            / rate_out,
         0);
 END
 $$;
 
 -- Admission for one request (ratelimit_wait): takes it if it fits now, paid first from the
--- guarantee of `p_tier` (with no tier: from the bucket, as the claim did before tiers shared
--- it), and moves the mean size 1/16 of the way to it (the first take sets it). The reserve a tier keeps depends on the tiers backlogged at the last
--- ratelimit_pick_tier, so a claim picks the tier first, then takes its head job.
+-- guarantees of `p_tier` (with no tier: from the buckets, as the claim did before tiers shared
+-- them), and moves each bucket's mean size 1/16 of the way to it (the first take sets it). The
+-- reserve a tier keeps depends on the tiers backlogged at the last ratelimit_pick_tier, so a
+-- claim picks the tier first, then takes its head job.
 -- Returns 0 when taken; else the seconds until it would fit ('Infinity': never whole).
 CREATE OR REPLACE FUNCTION pgqueue.ratelimit_try_take(p_model text, p_input_tokens double precision,
                                                       p_output_tokens double precision,
@@ -161,19 +231,26 @@ DECLARE
     r pgqueue.rate_limits := pgqueue.ratelimit_row(p_model);
     need_in double precision := p_input_tokens * r.input_estimate_ratio;
     wait double precision := pgqueue.ratelimit_wait(r, p_tier, p_input_tokens, p_output_tokens);
+    pay_in double precision[] := ARRAY(SELECT CASE WHEN t = p_tier THEN need_in ELSE 0 END
+                                       FROM unnest(enum_range(NULL::pgqueue.tier)) t);
+    pay_out double precision[] := ARRAY(SELECT CASE WHEN t = p_tier THEN p_output_tokens
+                                                    ELSE 0 END
+                                        FROM unnest(enum_range(NULL::pgqueue.tier)) t);
 BEGIN
     IF wait = 0 THEN
         r.requests_available := r.requests_available - 1;
         r.input_tokens_available := r.input_tokens_available - need_in;
         r.output_tokens_available := r.output_tokens_available - p_output_tokens;
-        r.guarantee_critical := greatest(0, r.guarantee_critical
-            - CASE WHEN p_tier = 'critical' THEN need_in ELSE 0 END);
-        r.guarantee_standard := greatest(0, r.guarantee_standard
-            - CASE WHEN p_tier = 'standard' THEN need_in ELSE 0 END);
-        r.guarantee_batch := greatest(0, r.guarantee_batch
-            - CASE WHEN p_tier = 'batch' THEN need_in ELSE 0 END);
+        r.guarantee_critical := greatest(0, r.guarantee_critical - pay_in[1]);
+        r.guarantee_standard := greatest(0, r.guarantee_standard - pay_in[2]);
+        r.guarantee_batch := greatest(0, r.guarantee_batch - pay_in[3]);
+        r.output_guarantee_critical := greatest(0, r.output_guarantee_critical - pay_out[1]);
+        r.output_guarantee_standard := greatest(0, r.output_guarantee_standard - pay_out[2]);
+        r.output_guarantee_batch := greatest(0, r.output_guarantee_batch - pay_out[3]);
         r.mean_input_tokens := CASE WHEN r.mean_input_tokens = 0 THEN need_in
             ELSE r.mean_input_tokens + (need_in - r.mean_input_tokens) / 16 END;
+        r.mean_output_tokens := CASE WHEN r.mean_output_tokens = 0 THEN p_output_tokens
+            ELSE r.mean_output_tokens + (p_output_tokens - r.mean_output_tokens) / 16 END;
     END IF;
     PERFORM pgqueue.ratelimit_save(r);
     RETURN wait;
@@ -183,16 +260,10 @@ $$;
 -- The tier a lane's claim sends next. p_needs: the estimated input tokens (as for
 -- ratelimit_try_take: the ratio is applied here) of each tier's head job, in tier order
 -- (critical, standard, batch), NULL for a tier with nothing due; p_output_needs likewise
--- their max_tokens (NULL: not checked here). Grows the guarantees up to now (TierShares.advance:
--- a tier not backlogged loses its guarantee, one above its head's need is cut back to it,
--- then each backlogged tier, highest first, gains its weight's share of the refill since
--- guarantees_at from the free tokens, a lower tier leaving its reserve), records the backlogged
--- tiers, saves, and returns the highest tier whose head ratelimit_try_take would take now, or
--- let through (larger than a bucket: it would block its tier forever), or NULL. A head the
--- input rule admits but the output tokens or requests do not holds back the lower tiers not
--- owed a job (guarantee below their head's need): their smaller requests would take the output
--- tokens as they come, and the head would never find its need (TierShares.pick; EASY
--- backfilling, Lifka 1995). Found by a fresh tester: output-bound, critical p99 was 23 s.
+-- their max_tokens (NULL: not checked here). Grows both buckets' guarantees up to now
+-- (tier_grow), records the backlogged tiers, saves, and returns the highest tier whose head
+-- ratelimit_try_take would take now, or let through (larger than a bucket: it would block its
+-- tier forever), or NULL.
 CREATE OR REPLACE FUNCTION pgqueue.ratelimit_pick_tier(p_model text, p_needs double precision[],
                                                        p_output_needs double precision[]
                                                            DEFAULT NULL)
@@ -202,16 +273,11 @@ AS $$
 DECLARE
     r pgqueue.rate_limits := pgqueue.ratelimit_row(p_model);
     tiers pgqueue.tier[] := enum_range(NULL::pgqueue.tier);
-    need double precision[];
-    g double precision[] := ARRAY[r.guarantee_critical, r.guarantee_standard, r.guarantee_batch];
-    w double precision[] := ARRAY(SELECT pgqueue.tier_weight(u.t)
-                                  FROM unnest(tiers) WITH ORDINALITY u(t, i) ORDER BY u.i);
-    rate double precision := r.input_tokens_per_minute / 60.0;
     elapsed double precision := greatest(0, extract(epoch FROM now() - r.guarantees_at));
-    total_w double precision := 0;
-    grow double precision;
+    need double precision[];
+    outs double precision[];
+    g double precision[];
     picked pgqueue.tier;
-    held_back boolean := false;
 BEGIN
     IF array_length(p_needs, 1) IS DISTINCT FROM 3 THEN
         RAISE EXCEPTION 'p_needs must have one element per tier (3), got %', p_needs
@@ -219,33 +285,31 @@ BEGIN
     END IF;
     need := ARRAY(SELECT n * r.input_estimate_ratio FROM unnest(p_needs) WITH ORDINALITY u(n, i)
                   ORDER BY i);
+    outs := ARRAY(SELECT CASE WHEN need[i] IS NOT NULL THEN coalesce(p_output_needs[i], 0) END
+                  FROM generate_series(1, 3) i ORDER BY i);
     r.tiers_backlogged := ARRAY(SELECT tiers[i] FROM generate_series(1, 3) i
                                 WHERE need[i] IS NOT NULL ORDER BY i);
-    FOR i IN 1 .. 3 LOOP
-        g[i] := CASE WHEN need[i] IS NULL THEN 0 ELSE least(g[i], need[i]) END;
-        total_w := total_w + CASE WHEN need[i] IS NULL THEN 0 ELSE w[i] END;
-    END LOOP;
-    FOR i IN 1 .. 3 LOOP
-        CONTINUE WHEN need[i] IS NULL;
-        grow := least(w[i] / total_w * rate * elapsed,
-                      r.input_tokens_available - (g[1] + g[2] + g[3])
-                      - pgqueue.ratelimit_tier_reserve(r, tiers[i], need[i]));
-        IF grow > 0 THEN
-            g[i] := g[i] + grow;
-        END IF;
-    END LOOP;
+    g := pgqueue.tier_grow(r.input_tokens_per_minute, r.input_tokens_available,
+                           ARRAY[r.guarantee_critical, r.guarantee_standard, r.guarantee_batch],
+                           r.mean_input_tokens, need, elapsed);
     r.guarantee_critical := g[1];
     r.guarantee_standard := g[2];
     r.guarantee_batch := g[3];
+    g := pgqueue.tier_grow(r.output_tokens_per_minute, r.output_tokens_available,
+                           ARRAY[r.output_guarantee_critical, r.output_guarantee_standard,
+                                 r.output_guarantee_batch],
+                           r.mean_output_tokens, outs, elapsed);
+    r.output_guarantee_critical := g[1];
+    r.output_guarantee_standard := g[2];
+    r.output_guarantee_batch := g[3];
     r.guarantees_at := greatest(now(), r.guarantees_at);
     FOR i IN 1 .. 3 LOOP
-        CONTINUE WHEN need[i] IS NULL OR (held_back AND g[i] < need[i]);
-        IF pgqueue.ratelimit_wait(r, tiers[i], p_needs[i], coalesce(p_output_needs[i], 0))
+        CONTINUE WHEN need[i] IS NULL;
+        IF pgqueue.ratelimit_wait(r, tiers[i], p_needs[i], outs[i])
                IN (0, 'Infinity'::double precision) THEN
             picked := tiers[i];
             EXIT;
         END IF;
-        held_back := held_back OR pgqueue.ratelimit_wait(r, tiers[i], p_needs[i], 0) = 0;
     END LOOP;
     PERFORM pgqueue.ratelimit_save(r);
     RETURN picked;
