@@ -1,9 +1,17 @@
-"""Claims plan once a session: ``claim_lanes`` runs with ``plan_cache_mode`` =
-``force_generic_plan``, and so do the statements of what it calls (``claim_keyed``, ``stamp``
-through ``fold``, the jobs triggers). Each claim made a custom plan again for its lane query
-and each fold for its stamping statement (1-5 M instructions each): 10 % of the instructions of
-a claim and completion (callgrind, docs/bench.md). The plans are index probes whatever the
-parameters (``tests/db/test_drr_explain.py``). The text is 071_claim.sql's.
+"""Cheaper claims, stamps and completions (issue 28, speed; docs/bench.md):
+
+- ``claim_lanes`` runs with ``plan_cache_mode`` = ``force_generic_plan``, and so do the
+  statements of what it calls (``claim_keyed``, ``stamp`` through ``fold``, the jobs
+  triggers): each claim made a custom plan again for its lane query and each fold for its
+  stamping statement (1-5 M instructions each), 10 % of the instructions of a claim and
+  completion (callgrind). The plans are index probes whatever the parameters
+  (``tests/db/test_drr_explain.py``).
+- ``jobs_unstamp`` and ``jobs_tenant_known`` are AFTER ROW triggers, no longer BEFORE: any
+  BEFORE ROW trigger on ``pgqueue.jobs`` makes every UPDATE lock each row before writing it (a
+  WAL record per row of every stamp, claim and completion), whatever its column list or WHEN.
+  ``jobs_unstamp`` now clears the key in a second row version of the (rare) job queued again.
+
+The texts are 070_scheduler.sql's, 071_claim.sql's and 020_settings_and_tenants.sql's.
 
 Revision ID: 0048
 Revises: 0047
@@ -289,10 +297,110 @@ END
 $$;
 """
 
+JOBS_UNSTAMP = """\
+CREATE OR REPLACE FUNCTION pgqueue.jobs_unstamp()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    UPDATE pgqueue.jobs j SET key_round = NULL, key_place = NULL, key_seq = NULL
+    WHERE j.id = NEW.id AND j.tenant_id = NEW.tenant_id AND j.key_round IS NOT NULL;
+    RETURN NULL;
+END
+$$;
+"""
+
+JOBS_UNSTAMP_BEFORE = """\
+CREATE OR REPLACE FUNCTION pgqueue.jobs_unstamp()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    NEW.key_round := NULL;
+    NEW.key_place := NULL;
+    NEW.key_seq := NULL;
+    RETURN NEW;
+END
+$$;
+"""
+
+JOBS_TENANT_KNOWN = """\
+CREATE OR REPLACE FUNCTION pgqueue.jobs_tenant_known()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM 1 FROM pgqueue.tenants t WHERE t.tenant_id = NEW.tenant_id FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown tenant %: register it first (pgqueue.ensure_tenant)',
+            quote_literal(NEW.tenant_id) USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    RETURN NULL;
+END
+$$;
+"""
+
+JOBS_TENANT_KNOWN_BEFORE = """\
+CREATE OR REPLACE FUNCTION pgqueue.jobs_tenant_known()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM 1 FROM pgqueue.tenants t WHERE t.tenant_id = NEW.tenant_id FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown tenant %: register it first (pgqueue.ensure_tenant)',
+            quote_literal(NEW.tenant_id) USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    RETURN NEW;
+END
+$$;
+"""
+
+TRIGGERS = """\
+CREATE TRIGGER jobs_unstamp
+    AFTER UPDATE ON pgqueue.jobs
+    FOR EACH ROW
+    WHEN (((new.state = 'queued'::pgqueue.job_state) AND (new.key_round IS NOT NULL) AND ((old.state <> 'queued'::pgqueue.job_state) OR (new.run_at <> old.run_at) OR (new.priority <> old.priority) OR (new.tenant_id <> old.tenant_id))))
+    EXECUTE FUNCTION pgqueue.jobs_unstamp();
+
+CREATE TRIGGER jobs_tenant_known
+    AFTER UPDATE OF tenant_id ON pgqueue.jobs
+    FOR EACH ROW
+    WHEN ((new.tenant_id IS DISTINCT FROM old.tenant_id))
+    EXECUTE FUNCTION pgqueue.jobs_tenant_known();
+"""
+
+TRIGGERS_BEFORE = """\
+CREATE TRIGGER jobs_unstamp
+    BEFORE UPDATE ON pgqueue.jobs
+    FOR EACH ROW
+    WHEN (((new.state = 'queued'::pgqueue.job_state) AND (new.key_round IS NOT NULL) AND ((old.state <> 'queued'::pgqueue.job_state) OR (new.run_at <> old.run_at) OR (new.priority <> old.priority) OR (new.tenant_id <> old.tenant_id))))
+    EXECUTE FUNCTION pgqueue.jobs_unstamp();
+
+CREATE TRIGGER jobs_tenant_known
+    BEFORE UPDATE OF tenant_id ON pgqueue.jobs
+    FOR EACH ROW
+    WHEN ((new.tenant_id IS DISTINCT FROM old.tenant_id))
+    EXECUTE FUNCTION pgqueue.jobs_tenant_known();
+"""
+
+DROP_TRIGGERS = (
+    "DROP TRIGGER IF EXISTS jobs_unstamp ON pgqueue.jobs;"
+    " DROP TRIGGER IF EXISTS jobs_tenant_known ON pgqueue.jobs"
+)
+
 
 def upgrade() -> None:
-    op.execute(CLAIM_LANES)
+    for statement in (CLAIM_LANES, JOBS_UNSTAMP, JOBS_TENANT_KNOWN, DROP_TRIGGERS, TRIGGERS):
+        op.execute(statement)
 
 
 def downgrade() -> None:
-    op.execute(CLAIM_LANES_BEFORE)
+    for statement in (
+        CLAIM_LANES_BEFORE,
+        JOBS_UNSTAMP_BEFORE,
+        JOBS_TENANT_KNOWN_BEFORE,
+        DROP_TRIGGERS,
+        TRIGGERS_BEFORE,
+    ):
+        op.execute(statement)
