@@ -120,6 +120,7 @@ def drain_pgqueue(dsn: str, batch: int) -> dict[str, float]:
         "claim": claim,
         "complete": complete,
         "wall": wall,
+        "pid": pid,
     }
 
 
@@ -147,7 +148,7 @@ def drain_pgqueuer(dsn: str, batch: int) -> dict[str, float]:
             cpu, wall = backend_cpu_seconds(pid) - before, time.perf_counter() - started
         finally:
             await aconn.close()
-        return {"jobs": done, "cpu": cpu, "wall": wall}
+        return {"jobs": done, "cpu": cpu, "wall": wall, "pid": pid}
 
     return asyncio.run(go())
 

@@ -18,7 +18,7 @@ How it measures:
   (``postgres --single``) under ``valgrind --tool=callgrind`` running N cycles of the worker's
   claim and a completion of what it claimed::
 
-      SELECT count(*) FROM pgqueue.claim_admitted(<batch>, 'w', 120);
+      SELECT count(*) FROM pgqueue.claim_admitted(<batch>, 'w', 120, '{}');
       UPDATE pgqueue.jobs SET state = 'succeeded', finished_at = now(), lease_expires_at = NULL
       WHERE state = 'running' AND worker_id = 'w';
 
@@ -164,7 +164,7 @@ def _instructions(
         "postgres",
         f"DROP DATABASE IF EXISTS cg_run;\nCREATE DATABASE cg_run TEMPLATE {template};\n",
     )
-    claim = f"SELECT count(*) FROM pgqueue.claim_admitted({batch}, 'w', 120);"
+    claim = f"SELECT count(*) FROM pgqueue.claim_admitted({batch}, 'w', 120, '{{}}');"
     script = "\n".join([claim] if claims_only else [claim, _COMPLETE]) + "\n"
     output = cluster.single_user("cg_run", script * cycles, valgrind_out=out)
     taken = output.count(f'count = "{batch}"')

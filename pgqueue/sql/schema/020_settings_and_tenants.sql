@@ -101,6 +101,8 @@ END
 $$;
 
 -- A job moved to another tenant (rare: no pgqueue statement does it) must name a known one.
+-- An AFTER trigger: any BEFORE ROW trigger makes every UPDATE of pgqueue.jobs lock each row
+-- first, whatever its column list (revision 0048).
 CREATE OR REPLACE FUNCTION pgqueue.jobs_tenant_known()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -111,12 +113,12 @@ BEGIN
         RAISE EXCEPTION 'unknown tenant %: register it first (pgqueue.ensure_tenant)',
             quote_literal(NEW.tenant_id) USING ERRCODE = 'foreign_key_violation';
     END IF;
-    RETURN NEW;
+    RETURN NULL;
 END
 $$;
 
 CREATE TRIGGER jobs_tenant_known
-    BEFORE UPDATE OF tenant_id ON pgqueue.jobs
+    AFTER UPDATE OF tenant_id ON pgqueue.jobs
     FOR EACH ROW
     WHEN ((new.tenant_id IS DISTINCT FROM old.tenant_id))
     EXECUTE FUNCTION pgqueue.jobs_tenant_known();
