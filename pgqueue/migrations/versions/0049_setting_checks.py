@@ -15,7 +15,7 @@ raises PQ012 too (was PQ009).
 1,000, 99 at 50,000): each call updated the same queued-counter rows again, the transaction
 kept every version, and each lookup stepped over them all. ``queue_counts_add`` now updates the
 version this transaction wrote last for a key by its ctid (a transaction-local note, checked
-against the row's key): about 2,300 rows/s at 50,000.
+against the row's key): about 1,400 rows/s at 50,000.
 
 ``pgqueue.queue_depth``'s ``oldest_queued_seconds`` grouped every queued job (~0.2 s a read at
 1M queued); it is now a min() per tier that the planner turns into one probe of the new index
