@@ -1,6 +1,5 @@
-"""Issue 28's loose ends: a malformed setting is a typed error, not a cast's; many enqueue calls
-in one transaction no longer slow each other down; the oldest queued job's age is one index
-probe per tier.
+"""Issue 28's loose ends: a malformed setting is a typed error, not a cast's; the oldest queued
+job's age is one index probe per tier.
 
 ``pgqueue.setting`` cast the GUC's text, so ``SET pgqueue.stamp_horizon_rounds = 'abc'`` (or
 'NaN', '1e20') failed every claim with "invalid input syntax for type double precision" or
@@ -10,12 +9,6 @@ probe per tier.
 ``base_quantum`` and the three readers of ``max_payload_bytes`` (``validate_job``,
 ``try_enqueue``, ``try_enqueue_batch``) go through it, and an unknown ``pgqueue.tier_policy``
 raises PQ012 too (was PQ009).
-
-``SELECT pgqueue.enqueue(...) FROM generate_series(1, n)`` was quadratic (2,200 rows/s at
-1,000, 99 at 50,000): each call updated the same queued-counter rows again, the transaction
-kept every version, and each lookup stepped over them all. ``queue_counts_add`` now updates the
-version this transaction wrote last for a key by its ctid (a transaction-local note, checked
-against the row's key): about 1,400 rows/s at 50,000.
 
 ``pgqueue.queue_depth``'s ``oldest_queued_seconds`` grouped every queued job (~0.2 s a read at
 1M queued); it is now a min() per tier that the planner turns into one probe of the new index
@@ -874,150 +867,6 @@ BEGIN
 END
 $$;"""
 
-QUEUE_COUNTS_ADD = r"""
-CREATE OR REPLACE FUNCTION pgqueue.queue_counts_add(
-    p_tiers pgqueue.tier[],
-    p_tenants text[],
-    p_queued bigint[]
-)
-RETURNS void
-    LANGUAGE plpgsql
-    SET plan_cache_mode TO 'force_generic_plan'
-    SET enable_seqscan TO 'off'  -- a row by its ctid or key, however few rows ANALYZE saw
-    AS $$
-DECLARE
-    i integer;
-    note text;
-    noting boolean;
-    k text;
-    rest text;
-    at tid;
-    got tid;
-BEGIN
-    IF coalesce(cardinality(p_tiers), 0) = 0 THEN
-        RETURN;
-    END IF;
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        INSERT INTO pgqueue.queue_counts (tier, tenant_id, queued)
-        SELECT u.tier, u.tenant_id, u.queued FROM unnest(p_tiers, p_tenants, p_queued)
-                                                  AS u(tier, tenant_id, queued);
-        RETURN;
-    END IF;
-    -- The transaction's note (pgqueue.queue_counts_rows, local to it): how many times it
-    -- wrote counters, then, from the 16th, the row version it wrote last per key
-    -- (';<tier>/<tenant>=<ctid>', most recent first, about 32 keys). A transaction that
-    -- wrote a key again and again kept every version of its row, and each write stepped over
-    -- them all (SELECT pgqueue.enqueue(...) FROM generate_series: quadratic); one that writes
-    -- a few times (a claim, an enqueue) counts, and does nothing more.
-    note := coalesce(current_setting('pgqueue.queue_counts_rows', true), '');
-    noting := starts_with(note, ';');
-    IF NOT noting THEN
-        PERFORM set_config('pgqueue.queue_counts_rows',
-                           CASE WHEN note !~ '^[0-9]{1,2}$' THEN '1'
-                                WHEN note::integer >= 15 THEN ';'
-                                ELSE (note::integer + 1)::text END, true);
-    END IF;
-    -- One UPDATE per key (revision 0016), on a row of the key no other transaction holds.
-    FOR i IN 1 .. cardinality(p_tiers) LOOP
-        got := NULL;
-        IF noting THEN  -- the version it wrote last, if it is still a row of the key
-            k := ';' || p_tiers[i]::text || '/' || coalesce(p_tenants[i], '') || '=';
-            at := NULL;
-            IF position(k in note) > 0 THEN
-                rest := substr(note, position(k in note) + length(k));
-                at := substr(rest, 1, position(')' in rest))::tid;
-                UPDATE pgqueue.queue_counts c SET queued = c.queued + p_queued[i]
-                WHERE c.ctid = (SELECT x.ctid FROM pgqueue.queue_counts x
-                                WHERE x.ctid = at AND x.tier = p_tiers[i]
-                                  AND x.tenant_id IS NOT DISTINCT FROM p_tenants[i]
-                                  AND NOT x.claim_stripe
-                                FOR UPDATE SKIP LOCKED)
-                RETURNING c.ctid INTO got;
-            END IF;
-        END IF;
-        IF got IS NULL AND p_tenants[i] IS NULL THEN  -- the tier's total
-            UPDATE pgqueue.queue_counts c SET queued = c.queued + p_queued[i]
-            WHERE c.ctid = (SELECT x.ctid FROM pgqueue.queue_counts x
-                            WHERE x.tier = p_tiers[i] AND x.tenant_id IS NULL
-                            AND NOT x.claim_stripe
-                            LIMIT 1 FOR UPDATE SKIP LOCKED)
-            RETURNING c.ctid INTO got;
-        ELSIF got IS NULL THEN
-            UPDATE pgqueue.queue_counts c SET queued = c.queued + p_queued[i]
-            WHERE c.ctid = (SELECT x.ctid FROM pgqueue.queue_counts x
-                            WHERE x.tier = p_tiers[i] AND x.tenant_id = p_tenants[i]
-                            AND NOT x.claim_stripe
-                            LIMIT 1 FOR UPDATE SKIP LOCKED)
-            RETURNING c.ctid INTO got;
-        END IF;
-        -- No row (all held, or the one locked changed after the snapshot): a new row.
-        IF got IS NULL THEN
-            INSERT INTO pgqueue.queue_counts AS c (tier, tenant_id, queued)
-            VALUES (p_tiers[i], p_tenants[i], p_queued[i])
-            RETURNING c.ctid INTO got;
-        END IF;
-        IF noting THEN
-            IF at IS NOT NULL THEN
-                note := replace(note, k || at::text, '');
-            END IF;
-            note := k || got::text || note;
-        END IF;
-    END LOOP;
-    IF noting THEN
-        IF length(note) > 2000 THEN  -- the most recent keys only
-            note := array_to_string((string_to_array(note, ';'))[1:33], ';');
-        END IF;
-        PERFORM set_config('pgqueue.queue_counts_rows', note, true);
-    END IF;
-END
-$$;"""
-
-QUEUE_COUNTS_ADD_BEFORE = r"""
-CREATE OR REPLACE FUNCTION pgqueue.queue_counts_add(
-    p_tiers pgqueue.tier[],
-    p_tenants text[],
-    p_queued bigint[]
-)
-RETURNS void
-    LANGUAGE plpgsql
-    SET plan_cache_mode TO 'force_generic_plan'
-    AS $$
-DECLARE
-    i integer;
-BEGIN
-    IF coalesce(cardinality(p_tiers), 0) = 0 THEN
-        RETURN;
-    END IF;
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        INSERT INTO pgqueue.queue_counts (tier, tenant_id, queued)
-        SELECT u.tier, u.tenant_id, u.queued FROM unnest(p_tiers, p_tenants, p_queued)
-                                                  AS u(tier, tenant_id, queued);
-        RETURN;
-    END IF;
-    -- One UPDATE per key (revision 0016), on a row of the key no other transaction holds.
-    FOR i IN 1 .. cardinality(p_tiers) LOOP
-        IF p_tenants[i] IS NULL THEN  -- the tier's total
-            UPDATE pgqueue.queue_counts c SET queued = c.queued + p_queued[i]
-            WHERE c.ctid = (SELECT x.ctid FROM pgqueue.queue_counts x
-                            WHERE x.tier = p_tiers[i] AND x.tenant_id IS NULL
-                            AND NOT x.claim_stripe
-                            LIMIT 1 FOR UPDATE SKIP LOCKED);
-        ELSE
-            UPDATE pgqueue.queue_counts c SET queued = c.queued + p_queued[i]
-            WHERE c.ctid = (SELECT x.ctid FROM pgqueue.queue_counts x
-                            WHERE x.tier = p_tiers[i] AND x.tenant_id = p_tenants[i]
-                            AND NOT x.claim_stripe
-                            LIMIT 1 FOR UPDATE SKIP LOCKED);
-        END IF;
-        -- No row (all held, or the one locked changed after the snapshot): a new row.
-        IF NOT FOUND THEN
-            INSERT INTO pgqueue.queue_counts (tier, tenant_id, queued)
-            VALUES (p_tiers[i], p_tenants[i], p_queued[i]);
-        END IF;
-    END LOOP;
-END
-$$;"""
-
 INDEX = r"""
 CREATE INDEX IF NOT EXISTS jobs_queued_enqueued_idx ON pgqueue.jobs USING btree (priority, enqueued_at) WHERE (state = 'queued'::pgqueue.job_state);
 """
@@ -1100,7 +949,6 @@ def upgrade() -> None:
         TRY_ENQUEUE,
         TRY_ENQUEUE_BATCH,
         TIER_POLICY,
-        QUEUE_COUNTS_ADD,
         INDEX,
         QUEUE_DEPTH,
     ):
@@ -1115,7 +963,6 @@ def downgrade() -> None:
         TRY_ENQUEUE_BEFORE,
         TRY_ENQUEUE_BATCH_BEFORE,
         TIER_POLICY_BEFORE,
-        QUEUE_COUNTS_ADD_BEFORE,
         QUEUE_DEPTH_BEFORE,
     ):
         op.execute(statement)

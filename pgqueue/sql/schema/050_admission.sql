@@ -112,9 +112,7 @@ CREATE TRIGGER admission_keep_rows_truncate
 -- total; arrays of equal length, one entry per distinct key. In READ COMMITTED (the default)
 -- each delta goes into a row of its key that no other transaction holds, or into a new row;
 -- in REPEATABLE READ or SERIALIZABLE every delta is a new row (updating a row another
--- transaction changed after our snapshot would raise a serialization failure there). A
--- transaction that writes counters many times updates the version of a key's row it wrote
--- last, found by its ctid (revision 0049; the note is only a hint: the row's key is checked).
+-- transaction changed after our snapshot would raise a serialization failure there).
 CREATE OR REPLACE FUNCTION pgqueue.queue_counts_add(
     p_tiers pgqueue.tier[],
     p_tenants text[],
@@ -123,16 +121,9 @@ CREATE OR REPLACE FUNCTION pgqueue.queue_counts_add(
 RETURNS void
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
-    SET enable_seqscan TO 'off'  -- a row by its ctid or key, however few rows ANALYZE saw
     AS $$
 DECLARE
     i integer;
-    note text;
-    noting boolean;
-    k text;
-    rest text;
-    at tid;
-    got tid;
 BEGIN
     IF coalesce(cardinality(p_tiers), 0) = 0 THEN
         RETURN;
@@ -143,77 +134,29 @@ BEGIN
                                                   AS u(tier, tenant_id, queued);
         RETURN;
     END IF;
-    -- The transaction's note (pgqueue.queue_counts_rows, local to it): how many times it
-    -- wrote counters, then, from the 16th, the row version it wrote last per key
-    -- (';<tier>/<tenant>=<ctid>', most recent first, about 32 keys). A transaction that
-    -- wrote a key again and again kept every version of its row, and each write stepped over
-    -- them all (SELECT pgqueue.enqueue(...) FROM generate_series: quadratic); one that writes
-    -- a few times (a claim, an enqueue) counts, and does nothing more.
-    note := coalesce(current_setting('pgqueue.queue_counts_rows', true), '');
-    noting := starts_with(note, ';');
-    IF NOT noting THEN
-        PERFORM set_config('pgqueue.queue_counts_rows',
-                           CASE WHEN note !~ '^[0-9]{1,2}$' THEN '1'
-                                WHEN note::integer >= 15 THEN ';'
-                                ELSE (note::integer + 1)::text END, true);
-    END IF;
     -- One UPDATE per key (revision 0016), on a row of the key no other transaction holds.
     FOR i IN 1 .. cardinality(p_tiers) LOOP
-        got := NULL;
-        IF noting THEN  -- the version it wrote last, if it is still a row of the key
-            k := ';' || p_tiers[i]::text || '/' || coalesce(p_tenants[i], '') || '=';
-            at := NULL;
-            IF position(k in note) > 0 THEN
-                rest := substr(note, position(k in note) + length(k));
-                at := substr(rest, 1, position(')' in rest))::tid;
-                UPDATE pgqueue.queue_counts c SET queued = c.queued + p_queued[i]
-                WHERE c.ctid = (SELECT x.ctid FROM pgqueue.queue_counts x
-                                WHERE x.ctid = at AND x.tier = p_tiers[i]
-                                  AND x.tenant_id IS NOT DISTINCT FROM p_tenants[i]
-                                  AND NOT x.claim_stripe
-                                FOR UPDATE SKIP LOCKED)
-                RETURNING c.ctid INTO got;
-            END IF;
-        END IF;
-        IF got IS NULL AND p_tenants[i] IS NULL THEN  -- the tier's total
+        IF p_tenants[i] IS NULL THEN  -- the tier's total
             UPDATE pgqueue.queue_counts c SET queued = c.queued + p_queued[i]
             WHERE c.ctid = (SELECT x.ctid FROM pgqueue.queue_counts x
                             WHERE x.tier = p_tiers[i] AND x.tenant_id IS NULL
                             AND NOT x.claim_stripe
-                            LIMIT 1 FOR UPDATE SKIP LOCKED)
-            RETURNING c.ctid INTO got;
-        ELSIF got IS NULL THEN
+                            LIMIT 1 FOR UPDATE SKIP LOCKED);
+        ELSE
             UPDATE pgqueue.queue_counts c SET queued = c.queued + p_queued[i]
             WHERE c.ctid = (SELECT x.ctid FROM pgqueue.queue_counts x
                             WHERE x.tier = p_tiers[i] AND x.tenant_id = p_tenants[i]
                             AND NOT x.claim_stripe
-                            LIMIT 1 FOR UPDATE SKIP LOCKED)
-            RETURNING c.ctid INTO got;
+                            LIMIT 1 FOR UPDATE SKIP LOCKED);
         END IF;
         -- No row (all held, or the one locked changed after the snapshot): a new row.
-        IF got IS NULL THEN
-            INSERT INTO pgqueue.queue_counts AS c (tier, tenant_id, queued)
-            VALUES (p_tiers[i], p_tenants[i], p_queued[i])
-            RETURNING c.ctid INTO got;
-        END IF;
-        IF noting THEN
-            IF at IS NOT NULL THEN
-                note := replace(note, k || at::text, '');
-            END IF;
-            note := k || got::text || note;
+        IF NOT FOUND THEN
+            INSERT INTO pgqueue.queue_counts (tier, tenant_id, queued)
+            VALUES (p_tiers[i], p_tenants[i], p_queued[i]);
         END IF;
     END LOOP;
-    IF noting THEN
-        IF length(note) > 2000 THEN  -- the most recent keys only
-            note := array_to_string((string_to_array(note, ';'))[1:33], ';');
-        END IF;
-        PERFORM set_config('pgqueue.queue_counts_rows', note, true);
-    END IF;
 END
 $$;
-
-
-
 
 -- The counters follow every write on pgqueue.jobs: inserts and updates through
 -- jobs_after_insert and jobs_after_update (040, 080), deletes and truncates through the
