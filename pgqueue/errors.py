@@ -145,6 +145,15 @@ class SchemaOutOfDate(InfrastructureError):
     """The database schema is behind this version of pgqueue; run ``pgqueue migrate``."""
 
 
+class InvalidSetting(InfrastructureError):
+    """A ``pgqueue.*`` setting (GUC) of the database, role or session holds a value out of its
+    range, or not a number (``pgqueue.setting_value``); the message names the setting, its
+    range and the value. The SQL raises SQLSTATE ``PQ012``. Fix it, or ``RESET`` it for the
+    default: connections read ``ALTER DATABASE`` / ``ALTER ROLE`` settings when they open."""
+
+    sqlstate = "PQ012"
+
+
 class EmbeddedPostgresError(InfrastructureError):
     """The embedded Postgres server could not be initialised or started."""
 
@@ -272,13 +281,14 @@ def numeric_argument(message: str) -> bool:
 
 def from_sqlstate(
     sqlstate: str | None, message: str, detail: str | None = None
-) -> UsageError | QueueFull | SchemaOutOfDate | None:
+) -> UsageError | QueueFull | SchemaOutOfDate | InvalidSetting | None:
     """Map a ``PQxxx`` SQLSTATE raised by ``pgqueue.enqueue`` to its Python error, else None.
 
     For ``PQ010`` (:class:`QueueFull`) ``detail`` is the JSON verdict the database sends in
     the error's DETAIL field. ``42883`` (undefined_function) naming a ``pgqueue.`` function
     means the schema is older than this pgqueue: :class:`SchemaOutOfDate`; unless an argument
-    was sent as ``numeric`` (:func:`numeric_argument`): :class:`InvalidArgument`.
+    was sent as ``numeric`` (:func:`numeric_argument`): :class:`InvalidArgument`. ``PQ012``
+    (a malformed ``pgqueue.*`` setting) is :class:`InvalidSetting`.
     """
     if sqlstate is None:
         return None
@@ -289,6 +299,8 @@ def from_sqlstate(
             f"the pgqueue schema in this database is older than this pgqueue ({message}); "
             "run `pgqueue migrate`"
         )
+    if sqlstate == InvalidSetting.sqlstate:
+        return InvalidSetting(message)
     if sqlstate == "22P05":  # untranslatable_character: \u0000 in jsonb or text
         return NulCharacter(message)
     if sqlstate == QueueFull.sqlstate:

@@ -56,3 +56,32 @@ class OutageLog:
         if self._since is not None:
             log.warning("database available again after %.0f s", time.monotonic() - self._since)
             self._since = None
+
+
+#: How long the producer waits before claiming again while a ``pgqueue.*`` setting is malformed.
+BAD_SETTING_PAUSE_SECONDS = 5.0
+
+
+class BadSettingLog:
+    """The producer's record of claims refused for a malformed ``pgqueue.*`` setting
+    (:class:`~pgqueue.errors.InvalidSetting`): one error line when it starts, naming the
+    setting, its range and the value, one every :data:`OUTAGE_REPORT_SECONDS` while it goes on
+    (or at once when the message changes), one when a claim succeeds again. The worker stays
+    up and its running jobs go on (found in issue 28: the claim failed with a cast's error and
+    the worker exited, to be restarted into the same error)."""
+
+    def __init__(self) -> None:
+        self._said: str | None = None
+        self._reported = 0.0
+
+    def failed(self, error: BaseException) -> None:
+        now = time.monotonic()
+        said = str(error)
+        if said != self._said or now - self._reported >= OUTAGE_REPORT_SECONDS:
+            log.error("claims paused: %s; fix or RESET it (workers reconnect to read it)", said)
+            self._said, self._reported = said, now
+
+    def answered(self) -> None:
+        if self._said is not None:
+            log.warning("claims resumed: the pgqueue settings are valid again")
+            self._said = None

@@ -21,12 +21,19 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from pgqueue.batches.lane import open_batches, park_claimed
 from pgqueue.db import queries
+from pgqueue.errors import InvalidSetting
 from pgqueue.models import Job
 from pgqueue.observability import metrics
 from pgqueue.worker.decoding import Undecodable
 from pgqueue.worker.executor import SharedDeadline
 from pgqueue.worker.lease_keeper import LeaseKeeper
-from pgqueue.worker.outage import OUTAGE_PAUSE_SECONDS, PRODUCER_RETRY_SECONDS, OutageLog
+from pgqueue.worker.outage import (
+    BAD_SETTING_PAUSE_SECONDS,
+    OUTAGE_PAUSE_SECONDS,
+    PRODUCER_RETRY_SECONDS,
+    BadSettingLog,
+    OutageLog,
+)
 from pgqueue.worker.runs import JobRuns
 from pgqueue.worker.transient import first_line, is_transient, run_named, transient_retry
 
@@ -54,13 +61,28 @@ class Producer(JobRuns):
         the jobs already claimed run on, and their outcomes are retried by the completer.
         (Found by a tester: after an outage of over 30 s the worker exited 1 without draining
         its jobs, and their writes then failed on the closed pool.)
+
+        A malformed ``pgqueue.*`` setting (:class:`InvalidSetting`) pauses claims the same way:
+        one error line names it, the pool's connections are replaced (they read ``ALTER
+        DATABASE`` settings when they open), and claims resume once it is fixed; a burst
+        worker stops with the error instead.
         """
         batch = min(self.concurrency, self.settings.claim_batch_max or self.concurrency)
         outage = OutageLog()
+        bad_setting = BadSettingLog()
         while not self._stopping:
             tried = time.monotonic()
             try:
                 more = await self._produce_once(batch)
+            except InvalidSetting as exc:
+                if self.burst:
+                    raise  # one line from the CLI, exit 1: a burst run cannot finish
+                bad_setting.failed(exc)
+                if self._pool is not None:
+                    await self._pool.drain()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), BAD_SETTING_PAUSE_SECONDS)
+                continue
             except Exception as exc:
                 if not is_transient(exc):
                     raise
@@ -69,6 +91,7 @@ class Producer(JobRuns):
                     await asyncio.wait_for(self._stop.wait(), OUTAGE_PAUSE_SECONDS)
                 continue
             outage.answered()
+            bad_setting.answered()
             if not more:
                 return
 
@@ -140,13 +163,18 @@ class Producer(JobRuns):
             "skip_kinds": sorted(self._cannot_run),
         }
         started = time.perf_counter()
-        rows = await run_named(
-            self._pool,
-            "job_claim",
-            params,
-            retry_seconds=PRODUCER_RETRY_SECONDS,
-            connection_wait_seconds=PRODUCER_RETRY_SECONDS,
-        )
+        try:
+            rows = await run_named(
+                self._pool,
+                "job_claim",
+                params,
+                retry_seconds=PRODUCER_RETRY_SECONDS,
+                connection_wait_seconds=PRODUCER_RETRY_SECONDS,
+            )
+        except psycopg.Error as exc:
+            if exc.sqlstate == InvalidSetting.sqlstate:  # a malformed pgqueue.* setting
+                raise InvalidSetting(exc.diag.message_primary or first_line(exc)) from None
+            raise
         first = next((row for row in rows if row["id"] is not None), None)
         if first is not None and not first["durable"]:
             await self._make_durable(first)

@@ -202,7 +202,7 @@ def test_unknown_policy_is_refused(conn):
     add_jobs(conn, [(C, "a", 1.0)])
     with pytest.raises(psycopg.Error) as caught:
         claim(conn, 1)
-    assert caught.value.sqlstate == "PQ009"
+    assert caught.value.sqlstate == "PQ012"  # a malformed setting (PQ009 before 0049)
     assert "unknown tier policy" in str(caught.value)
 
 

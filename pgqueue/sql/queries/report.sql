@@ -10,12 +10,12 @@ CROSS JOIN (VALUES ('queued'), ('running')) AS s(state)
 ORDER BY d.tier, s.state
 
 -- name: report_oldest_queued :many
-SELECT priority::text AS tier,
-       extract(epoch FROM now() - min(enqueued_at))::double precision AS oldest_seconds
-FROM pgqueue.jobs
-WHERE state = 'queued'
-GROUP BY priority
-ORDER BY priority
+-- The tiers with queued jobs, and the oldest one's age: pgqueue.queue_depth's probe of
+-- jobs_queued_enqueued_idx (grouping the queued jobs read them all: ~0.2 s at 1M).
+SELECT d.tier::text AS tier, d.oldest_queued_seconds AS oldest_seconds
+FROM pgqueue.queue_depth d
+WHERE d.oldest_queued_seconds IS NOT NULL
+ORDER BY d.tier
 
 -- name: report_top_tenants :many
 SELECT tenant_id,

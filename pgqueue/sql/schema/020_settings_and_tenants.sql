@@ -3,13 +3,76 @@
 -- pgqueue.require_known_tenant is on), and the triggers that keep jobs pointing at known
 -- tenants without a foreign key (jobs has none: 010_tables.sql).
 
--- A numeric GUC with a default (settings are read where the rule runs, on any host).
+-- A numeric setting's value from its text `raw` (NULL or blank: `default_value`), checked
+-- against its range: anything else raises PQ012 (InvalidSetting in pgqueue.errors) naming the
+-- setting, its range and the value, never a cast's error (found by a tester, issue 28:
+-- SET pgqueue.stamp_horizon_rounds = 'abc' failed every claim with "invalid input syntax for
+-- type integer"). NaN, infinities and exponents past 4 digits are not numbers here. Every
+-- numeric GUC that the SQL reads is listed ({least, greatest, 1 if a whole number}); a name
+-- not listed is refused. Simple expressions only: settings are read on every claim.
+CREATE OR REPLACE FUNCTION pgqueue.setting_value(name text, raw text,
+                                                 default_value double precision)
+RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+DECLARE
+    b constant numeric[] := CASE setting_value.name
+        WHEN 'default_quantum' THEN '{0.001, 1e9, 0}'
+        WHEN 'max_payload_bytes' THEN '{1, 1073741824, 1}'
+        WHEN 'stamp_horizon_rounds' THEN '{0, 1000, 1}'
+        WHEN 'stamp_slice_flows' THEN '{1, 1000000, 1}'
+        WHEN 'stamp_arrival_margin' THEN '{0, 60, 0}'
+        WHEN 'tier_weight_critical' THEN '{0, 1e6, 0}'
+        WHEN 'tier_weight_standard' THEN '{0, 1e6, 0}'
+        WHEN 'tier_weight_batch' THEN '{0, 1e6, 0}'
+        WHEN 'default_requests_per_minute' THEN '{0.001, 1e9, 0}'
+        WHEN 'default_input_tokens_per_minute' THEN '{0.001, 1e12, 0}'
+        WHEN 'default_output_tokens_per_minute' THEN '{0.001, 1e12, 0}'
+        WHEN 'ratelimit_trunk_reserve' THEN '{0, 1, 0}'
+        WHEN 'ratelimit_trunk_reserve_jobs' THEN '{0, 1e6, 0}'
+        WHEN 'ratelimit_input_margin' THEN '{0, 1, 0}'
+        WHEN 'demotion_throttle_threshold' THEN '{1, 1e6, 1}'
+        WHEN 'demotion_throttle_window_seconds' THEN '{0, 1e7, 0}'
+        WHEN 'demotion_budget_ratio' THEN '{0, 1e6, 0}'
+        WHEN 'demotion_seconds' THEN '{0, 1e8, 0}'
+        WHEN 'default_daily_budget' THEN '{0, 1e15, 1}'
+        WHEN 'slo_p99_critical_seconds' THEN '{0, 1e7, 0}'
+        WHEN 'slo_p99_standard_seconds' THEN '{0, 1e7, 0}'
+        WHEN 'slo_p99_batch_seconds' THEN '{0, 1e7, 0}' END;
+    v numeric;
+BEGIN
+    IF b IS NULL THEN
+        RAISE EXCEPTION 'pgqueue.% is not a numeric setting of pgqueue', setting_value.name
+            USING ERRCODE = 'PQ012';
+    END IF;
+    IF raw IS NULL OR btrim(raw) = '' THEN
+        RETURN default_value;
+    END IF;
+    IF raw ~ '^\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,4})?\s*$' THEN
+        v := raw::numeric;
+        IF v BETWEEN b[1] AND b[2] AND (b[3] = 0 OR v = trunc(v)) THEN
+            RETURN v::double precision;
+        END IF;
+    END IF;
+    RAISE EXCEPTION 'pgqueue.% must be % from % to %, got %', setting_value.name,
+        CASE WHEN b[3] = 1 THEN 'an integer' ELSE 'a number' END, b[1], b[2], quote_literal(raw)
+        USING ERRCODE = 'PQ012',
+              HINT = format('Fix or RESET pgqueue.%s (ALTER DATABASE, ALTER ROLE or SET; '
+                            'default %s).', setting_value.name, default_value);
+END
+$$;
+
+-- A numeric GUC (pgqueue.<name>) as this session sees it, checked (pgqueue.setting_value),
+-- else the default (settings are read where the rule runs, on any host). Inlined: a setting
+-- left unset costs no function call.
 CREATE OR REPLACE FUNCTION pgqueue.setting(name text, default_value double precision)
 RETURNS double precision
 LANGUAGE sql STABLE
 AS $$
-    SELECT coalesce(nullif(current_setting('pgqueue.' || name, true), '')::double precision,
-                    default_value)
+    SELECT CASE WHEN coalesce(current_setting('pgqueue.' || name, true), '') = ''
+                THEN default_value
+                ELSE pgqueue.setting_value(name, current_setting('pgqueue.' || name, true),
+                                           default_value) END
 $$;
 
 -- Base quantum in cost units: GUC pgqueue.default_quantum, else 5.
@@ -17,7 +80,7 @@ CREATE OR REPLACE FUNCTION pgqueue.base_quantum()
 RETURNS double precision
 LANGUAGE sql STABLE
 AS $$
-    SELECT coalesce(nullif(current_setting('pgqueue.default_quantum', true), '')::float8, 5.0)
+    SELECT pgqueue.setting('default_quantum', 5.0)
 $$;
 
 -- quantum_for_plan() of pgqueue.scheduling.drr: the per-tenant override, else base × the

@@ -117,8 +117,8 @@ RETURNS pgqueue.origin
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    max_bytes bigint := coalesce(
-        nullif(pgqueue.guarded_setting('max_payload_bytes'), '')::bigint, 1048576);
+    max_bytes bigint := pgqueue.setting_value(
+        'max_payload_bytes', pgqueue.guarded_setting('max_payload_bytes'), 1048576)::bigint;
     size_bytes bigint;
     problem text;
 BEGIN

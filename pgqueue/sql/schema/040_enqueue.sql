@@ -63,8 +63,9 @@ BEGIN
     PERFORM pgqueue.check_tenant_scope(ARRAY[try_enqueue.tenant_id]);  -- before any read
     IF pgqueue.job_is_valid(try_enqueue.tenant_id, try_enqueue.origin, try_enqueue.payload,
                             try_enqueue.sla_seconds, try_enqueue.kind, try_enqueue.max_attempts,
-                            coalesce(nullif(pgqueue.guarded_setting('max_payload_bytes'),
-                                            '')::bigint, 1048576)) IS NOT TRUE THEN
+                            pgqueue.setting_value('max_payload_bytes',
+                                                  pgqueue.guarded_setting('max_payload_bytes'),
+                                                  1048576)::bigint) IS NOT TRUE THEN
         PERFORM pgqueue.validate_job(try_enqueue.tenant_id, try_enqueue.origin,
                                      try_enqueue.payload, try_enqueue.sla_seconds,
                                      try_enqueue.kind, try_enqueue.max_attempts);

@@ -197,8 +197,8 @@ RETURNS TABLE(ord bigint, id bigint, outcome text, tier pgqueue.tier, policy tex
 #variable_conflict use_column
 DECLARE
     n integer := coalesce(cardinality(tenant_ids), 0);
-    max_bytes bigint := coalesce(
-        nullif(pgqueue.guarded_setting('max_payload_bytes'), '')::bigint, 1048576);
+    max_bytes bigint := pgqueue.setting_value(
+        'max_payload_bytes', pgqueue.guarded_setting('max_payload_bytes'), 1048576)::bigint;
     demoted text[];
     bad bigint;
     r record;

@@ -3,7 +3,8 @@
 -- every lane with due work (pgqueue.claim_lanes), in each lane and tier in key order
 -- (070_scheduler.sql). No lock is shared across claimers. docs/drr.md explains the design.
 
--- The tier-pick policy: GUC pgqueue.tier_policy (weighted | probabilistic | strict).
+-- The tier-pick policy: GUC pgqueue.tier_policy (weighted | probabilistic | strict; another
+-- value raises PQ012, as a bad numeric setting does: pgqueue.setting_value).
 CREATE OR REPLACE FUNCTION pgqueue.tier_policy()
 RETURNS text
 LANGUAGE plpgsql STABLE
@@ -13,8 +14,8 @@ DECLARE
         nullif(current_setting('pgqueue.tier_policy', true), ''), 'weighted')));
 BEGIN
     IF name NOT IN ('weighted', 'probabilistic', 'strict') THEN
-        RAISE EXCEPTION 'unknown tier policy %; expected weighted, probabilistic or strict',
-            quote_literal(name) USING ERRCODE = 'PQ009';
+        RAISE EXCEPTION 'unknown tier policy %: pgqueue.tier_policy must be weighted, '
+            'probabilistic or strict', quote_literal(name) USING ERRCODE = 'PQ012';
     END IF;
     RETURN name;
 END
