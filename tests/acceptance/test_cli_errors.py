@@ -223,6 +223,17 @@ def test_a_busy_dashboard_port_is_named(db_dsn):
         ]
 
 
+def test_the_default_chart_path_is_checked_before_the_demo(db_dsn, monkeypatch):
+    """Found by a tester: from a folder that takes no files (`cd /proc`), `pgqueue demo` ran
+    to the end, then failed on the default chart path (FileNotFoundError, exit 2)."""
+    pytest.importorskip("matplotlib")
+    monkeypatch.chdir("/proc")
+    result = run("demo", "--requests", "40", "--speedup", "20", "--dsn", db_dsn)
+    assert result.exit_code == 2
+    said = " ".join(result.output.replace("│", " ").split())
+    assert "cannot write to /proc" in said and "--chart" in said, said
+
+
 def test_option_ranges(db_dsn, tmp_path):
     assert run("demo", "--speedup", "0").exit_code == 2
     # found by a tester: a chart path in no folder failed only after the whole replay

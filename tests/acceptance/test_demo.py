@@ -159,3 +159,49 @@ def test_replay_against_the_sandbox_prints_one_line_per_phase(server_dsn):
     ]
     assert "Replay: latency per tier" in done.stdout
     assert _demo_databases(server_dsn) == before
+
+
+def _interrupt_demo(server_dsn: str, tmp_path, after_line: str, delay: float):
+    """Start `pgqueue demo`, Ctrl-C it ``delay`` s after its stderr shows ``after_line``;
+    return the process and the seconds it took to exit after the signal."""
+    import signal
+    import time
+
+    from tests.apps.harness import start_cli, wait_until
+
+    run = start_cli(
+        "demo", "--dsn", server_dsn, "--chart", str(tmp_path / "chart.png"), log_dir=tmp_path
+    )
+    try:
+        wait_until(lambda: after_line in run.stderr(), timeout=120, what=after_line)
+        time.sleep(delay)
+        run.popen.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        code = run.wait(60)
+        return run, code, time.monotonic() - sent
+    finally:
+        run.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("after_line", "delay"),
+    [
+        # found by a tester: the first database was created before the clean-up was in place
+        ("creating the two databases", 0.0),
+        ("replaying", 1.0),
+        # found by a tester: ~10 "could not record its outcome (the pool ... is already
+        # closed)" lines, then a 70-line traceback, 33 s after the Ctrl-C
+        ("letting both queues drain", 1.0),
+    ],
+)
+def test_ctrl_c_stops_the_demo_and_drops_its_databases(server_dsn, tmp_path, after_line, delay):
+    before = _demo_databases(server_dsn)
+    run, code, seconds = _interrupt_demo(server_dsn, tmp_path, after_line, delay)
+    err = run.stderr()
+    assert code == 130, err
+    assert err.splitlines()[-1] == "interrupted: dropped the demo databases", err
+    assert "Traceback" not in err and "could not record" not in err, err
+    assert seconds < 15, err
+    assert _demo_databases(server_dsn) == before
