@@ -112,14 +112,24 @@ def _check_text(value: object, what: str, limit: int, error: type[Exception]) ->
 
 def check_tenant_id(tenant_id: object) -> str:
     """``tenant_id`` if it is a valid tenant id: a string of 1 to :data:`MAX_TENANT_ID_CHARS`
-    characters, without NUL, valid Unicode.
+    characters, without NUL, valid Unicode, not only white space.
 
     Raises:
-        InvalidTenant: not a string, empty, too long (the message gives its length and shows
-            its first :data:`SHOWN_CHARS` characters, then "…"), or a lone surrogate in it.
+        InvalidTenant: not a string, empty, only white space, too long (the message gives its
+            length and shows its first :data:`SHOWN_CHARS` characters, then "…"), or a lone
+            surrogate in it.
         NulCharacter: it holds U+0000.
     """
-    return _check_text(tenant_id, "tenant_id", MAX_TENANT_ID_CHARS, InvalidTenant)
+    return _check_tenant(tenant_id)
+
+
+def _check_tenant(tenant_id: object) -> str:
+    tid = _check_text(tenant_id, "tenant_id", MAX_TENANT_ID_CHARS, InvalidTenant)
+    if tid.isspace():  # the SQL function pgqueue.validate_job refuses the same characters
+        raise InvalidTenant(
+            f"tenant_id must hold a character other than white space, got {shown_text(tid)}"
+        )
+    return tid
 
 
 def check_plan(plan: object) -> str:
@@ -376,7 +386,7 @@ def check_job(
     entry points report the same error for the same input.
     """
     text, size = _encode(payload)
-    tid = _check_text(tenant_id, "tenant_id", MAX_TENANT_ID_CHARS, InvalidTenant)
+    tid = _check_tenant(tenant_id)
     parsed_origin = check_origin(origin)
     sla = check_sla(sla_seconds)
     kind_text = _check_text(kind, "kind", MAX_KIND_CHARS, InvalidKind)
