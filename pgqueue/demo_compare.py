@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -325,12 +327,21 @@ class _Run:
             # Ctrl-C (asyncio.run cancels this task): each arm stops its worker at once and
             # waits for it, before asyncio.run cancels what is left (found by a tester: the
             # workers were cancelled mid-write, "the pool is already closed", 33 s to exit).
+            _ignore_ctrl_c()
             for task in tasks:
                 task.cancel()
             await asyncio.wait(tasks)
             if arms.done() and not arms.cancelled():
                 arms.exception()  # retrieved: no "exception was never retrieved" log
             raise
+
+
+def _ignore_ctrl_c() -> None:
+    """Once interrupted, the clean-up runs to its end: another Ctrl-C would stop it half-way
+    (workers cancelled mid-write, the databases left). :func:`run_comparison` restores the
+    handler at its end."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _sandbox_stats(base_url: str) -> dict[str, Any]:
@@ -365,6 +376,7 @@ def run_comparison(
     # Named before they are created: a Ctrl-C while creating them drops them too (found by a
     # tester: interrupted in the first seconds, the demo left `pgqueue_demo_<run>_pgqueue`).
     dsns = _database_dsns(server_dsn, run)
+    on_ctrl_c = signal.getsignal(signal.SIGINT)
     try:
         _create_databases(server_dsn, dsns)
         sandbox = SandboxConfig(
@@ -397,8 +409,13 @@ def run_comparison(
                 figures[arm].http_429 = int(stats.get("429", 0))
                 figures[arm].http_529 = int(stats.get("529", 0))
     except KeyboardInterrupt:
+        _ignore_ctrl_c()
         raise Interrupted(dsns) from None
     finally:
-        if not options.keep:
-            drop_databases(server_dsn, dsns)
+        try:
+            if not options.keep:
+                drop_databases(server_dsn, dsns)
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, on_ctrl_c)
     return Comparison(figures["fifo"], figures["pgqueue"], limits, time.monotonic() - began, dsns)

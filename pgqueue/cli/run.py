@@ -431,9 +431,11 @@ def demo(
             phases.phase("starting Postgres" if not (dsn or settings.dsn) else "connecting")
             target = _dsn(settings, dsn)
             result = run_comparison(target, settings, options, phases)
-    except Interrupted as stopped:
+    except KeyboardInterrupt as stopped:
         # Ctrl-C: one line, not asyncio's traceback (found by a tester), and the shell's 130.
-        if keep:
+        if not isinstance(stopped, Interrupted):  # before the databases were named
+            err_console.print("interrupted", markup=False)
+        elif keep:
             err_console.print("interrupted: kept the demo databases", markup=False)
             for arm, kept in stopped.dsns.items():
                 err_console.print(f"kept {arm}: {kept}", markup=False, highlight=False)
