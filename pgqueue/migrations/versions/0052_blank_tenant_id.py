@@ -1,7 +1,7 @@
 """A tenant id of white space only is refused (a tester enqueued tenant " " from the CLI,
 Python and SQL): ``pgqueue.validate_job`` raises PQ006 (InvalidTenant) and
 ``pgqueue.job_is_valid`` is false for one made only of Python's ``str.isspace()`` characters,
-as ``pgqueue.validation.check_tenant_id`` refuses. The texts are 030_validation.sql's.
+as ``pgqueue.validation.check_job`` refuses. The texts are 030_validation.sql's.
 
 Revision ID: 0052
 Revises: 0050
