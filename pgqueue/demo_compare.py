@@ -416,6 +416,6 @@ def run_comparison(
             if not options.keep:
                 drop_databases(server_dsn, dsns)
         finally:
-            if threading.current_thread() is threading.main_thread():
+            if on_ctrl_c is not None and threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGINT, on_ctrl_c)
     return Comparison(figures["fifo"], figures["pgqueue"], limits, time.monotonic() - began, dsns)
