@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pgqueue.errors import InvalidArgument, UsageError
+from pgqueue.errors import InvalidArgument, InvalidPayload, InvalidTenant, UnknownOrigin, UsageError
 from pgqueue.jsonb_size import jsonb_size, to_json_text
 from pgqueue.models import DEFAULT_KIND, Origin
 from pgqueue.validation import (
@@ -60,6 +60,12 @@ class Batch:
 
 
 _JOB_FIELDS = frozenset({"tenant_id", "origin", "payload", "sla_seconds", "kind"})
+#: The fields a job's mapping must have, and the error each one's absence raises.
+_REQUIRED_FIELDS: dict[str, type[UsageError]] = {
+    "tenant_id": InvalidTenant,
+    "origin": UnknownOrigin,
+    "payload": InvalidPayload,
+}
 _ORIGIN_VALUES = frozenset(o.value for o in Origin)
 _INF = float("inf")
 _MAX_FLOAT_INT = int(sys.float_info.max)  # larger ints may not convert to float
@@ -95,6 +101,9 @@ def check_batch(jobs: Sequence[JobSpec | Mapping[str, Any]], max_payload_bytes: 
             if not _JOB_FIELDS.issuperset(spec):
                 unknown = set(spec) - _JOB_FIELDS
                 raise InvalidArgument(f"job {index}: unknown fields {sorted(unknown)}")
+            for field, error in _REQUIRED_FIELDS.items():
+                if field not in spec:  # found by a tester: no origin said "unknown origin None"
+                    raise error(f"job {index}: the field {field!r} is missing")
             tenant_ids.append(spec.get("tenant_id"))
             origins.append(spec.get("origin"))
             payloads.append(spec.get("payload"))
@@ -120,6 +129,7 @@ def check_batch(jobs: Sequence[JobSpec | Mapping[str, Any]], max_payload_bytes: 
             and 0 < len(tenant) <= MAX_TENANT_ID_CHARS
             and "\x00" not in tenant
             and is_utf8_encodable(tenant)
+            and not tenant.isspace()
             and isinstance(origin, str)
             and origin in _ORIGIN_VALUES
             and (

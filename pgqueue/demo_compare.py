@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -30,7 +32,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import SecretStr
 
 from pgqueue.batch import JobSpec
@@ -76,6 +78,15 @@ class CompareOptions:
     keep: bool = False
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during the demo: its workers and sandboxes are stopped, its databases (``dsns``)
+    dropped unless kept."""
+
+    def __init__(self, dsns: dict[str, str]) -> None:
+        super().__init__()
+        self.dsns = dsns
+
+
 @dataclass(frozen=True, slots=True)
 class Comparison:
     """The outcome: both arms' figures, the provider's limits per minute (requests, input and
@@ -114,12 +125,17 @@ def _pgqueue_spec(job: PlannedJob) -> JobSpec:
     return JobSpec(job.tenant_id, job.origin, job.payload, job.sla_seconds)
 
 
-def _create_databases(server_dsn: str, run: str) -> dict[str, str]:
+def _database_dsns(server_dsn: str, run: str) -> dict[str, str]:
+    """The DSNs of the arms' databases on the server of ``server_dsn``."""
+    return {arm: make_conninfo(server_dsn, dbname=f"pgqueue_demo_{run}_{arm}") for arm in ARMS}
+
+
+def _create_databases(server_dsn: str, dsns: dict[str, str]) -> None:
     """Create and migrate the arms' databases (the second cloned from the first)."""
-    names = {arm: f"pgqueue_demo_{run}_{arm}" for arm in ARMS}
+    names = {arm: str(conninfo_to_dict(dsn)["dbname"]) for arm, dsn in dsns.items()}
     with psycopg.connect(server_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(names["pgqueue"])))
-    migrate.upgrade(make_conninfo(server_dsn, dbname=names["pgqueue"]))
+    migrate.upgrade(dsns["pgqueue"])
     with psycopg.connect(server_dsn, autocommit=True) as conn:
         conn.execute(
             sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
@@ -138,13 +154,10 @@ def _create_databases(server_dsn: str, run: str) -> dict[str, str]:
                     sql.Literal(value),
                 )
             )
-    return {arm: make_conninfo(server_dsn, dbname=name) for arm, name in names.items()}
 
 
 def drop_databases(server_dsn: str, dsns: dict[str, str]) -> None:
     """Drop the arms' databases (those that exist)."""
-    from psycopg.conninfo import conninfo_to_dict
-
     with psycopg.connect(server_dsn, autocommit=True) as conn:
         for dsn in dsns.values():
             name = str(conninfo_to_dict(dsn)["dbname"])
@@ -302,9 +315,33 @@ class _Run:
                 await asyncio.wait({arms}, timeout=0.5)
 
     async def main(self, phases: Phases) -> None:
-        arms = asyncio.gather(self.arm("fifo", _fifo_spec), self.arm("pgqueue", _pgqueue_spec))
-        await self.show(phases, arms)
-        await arms
+        tasks = [
+            asyncio.create_task(self.arm("fifo", _fifo_spec)),
+            asyncio.create_task(self.arm("pgqueue", _pgqueue_spec)),
+        ]
+        arms = asyncio.gather(*tasks)
+        try:
+            await self.show(phases, arms)
+            await arms
+        except asyncio.CancelledError:
+            # Ctrl-C (asyncio.run cancels this task): each arm stops its worker at once and
+            # waits for it, before asyncio.run cancels what is left (found by a tester: the
+            # workers were cancelled mid-write, "the pool is already closed", 33 s to exit).
+            _ignore_ctrl_c()
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+            if arms.done() and not arms.cancelled():
+                arms.exception()  # retrieved: no "exception was never retrieved" log
+            raise
+
+
+def _ignore_ctrl_c() -> None:
+    """Once interrupted, the clean-up runs to its end: another Ctrl-C would stop it half-way
+    (workers cancelled mid-write, the databases left). :func:`run_comparison` restores the
+    handler at its end."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _sandbox_stats(base_url: str) -> dict[str, Any]:
@@ -336,9 +373,12 @@ def run_comparison(
     limits = provider_limits(plan, options.load)
     phases.phase("creating the two databases and their sandbox APIs")
     run = uuid.uuid4().hex[:8]
-    dsns: dict[str, str] = {}
+    # Named before they are created: a Ctrl-C while creating them drops them too (found by a
+    # tester: interrupted in the first seconds, the demo left `pgqueue_demo_<run>_pgqueue`).
+    dsns = _database_dsns(server_dsn, run)
+    on_ctrl_c = signal.getsignal(signal.SIGINT)
     try:
-        dsns = _create_databases(server_dsn, run)
+        _create_databases(server_dsn, dsns)
         sandbox = SandboxConfig(
             requests_per_minute=limits[0],
             input_tokens_per_minute=limits[1],
@@ -368,7 +408,14 @@ def run_comparison(
                 stats = _sandbox_stats(urls[arm])
                 figures[arm].http_429 = int(stats.get("429", 0))
                 figures[arm].http_529 = int(stats.get("529", 0))
+    except KeyboardInterrupt:
+        _ignore_ctrl_c()
+        raise Interrupted(dsns) from None
     finally:
-        if dsns and not options.keep:
-            drop_databases(server_dsn, dsns)
+        try:
+            if not options.keep:
+                drop_databases(server_dsn, dsns)
+        finally:
+            if on_ctrl_c is not None and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, on_ctrl_c)
     return Comparison(figures["fifo"], figures["pgqueue"], limits, time.monotonic() - began, dsns)

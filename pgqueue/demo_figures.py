@@ -219,9 +219,13 @@ def _s(value: float | None, censored: bool = False) -> str:
 
 
 def _ratio(fifo: float | None, fair: float | None) -> str:
-    if fifo is None or fair is None or fair <= 0:
+    """pgqueue's figure against FIFO's; within 10 % "about the same" (found by a tester:
+    "1.0× longer")."""
+    if fifo is None or fair is None or fair <= 0 or fifo <= 0:
         return ""
-    return f"{fifo / fair:.1f}× shorter" if fifo >= fair else f"{fair / fifo:.1f}× longer"
+    if max(fifo, fair) <= 1.1 * min(fifo, fair):
+        return "about the same"
+    return f"{fifo / fair:.1f}× shorter" if fifo > fair else f"{fair / fifo:.1f}× longer"
 
 
 def headline(fifo: ArmFigures, fair: ArmFigures) -> str:
@@ -230,7 +234,7 @@ def headline(fifo: ArmFigures, fair: ArmFigures) -> str:
         f"Look at the small tenants' p99 wait: {_s(fifo.small_wait_p99, fifo.small_wait_censored)}"
         f" behind the runaway tenant in the plain FIFO queue, "
         f"{_s(fair.small_wait_p99, fair.small_wait_censored)} with pgqueue, from the same "
-        f"arrivals and the same provider limits ({fair.succeeded} and {fifo.succeeded} jobs "
+        f"arrivals and the same provider limits ({fifo.succeeded} and {fair.succeeded} jobs "
         "done)."
     )
 

@@ -126,6 +126,10 @@ def enqueue(
     int_in_range("--max-tokens", max_tokens, 1, _INT32_MAX)
     if (prompt is None) == (payload is None):
         raise pgqueue.InvalidArgument("give exactly one of --prompt TEXT or --payload JSON")
+    if prompt is not None and not prompt.strip():  # found by a tester: --prompt "" was queued
+        raise pgqueue.InvalidArgument(
+            "--prompt must hold text: the Messages API refuses empty text content"
+        )
     settings = _settings()
     body: Any
     if payload is not None:

@@ -362,6 +362,27 @@ def replay(
     )
 
 
+def _check_chart_folder(chart: Path) -> None:
+    """Fail before the run, not after it, if the PNG could not be written (found by testers:
+    a path in no folder, and the default path from a folder that takes no files, ``/proc``).
+    Without matplotlib there is no PNG: the chart goes to the terminal."""
+    import importlib.util
+    import tempfile
+
+    if not chart.parent.resolve().is_dir():
+        raise typer.BadParameter(f"{chart.parent} is not a folder", param_hint="--chart")
+    if importlib.util.find_spec("matplotlib") is None:
+        return
+    try:
+        with tempfile.TemporaryFile(dir=chart.parent):
+            pass
+    except OSError as exc:
+        raise typer.BadParameter(
+            f"cannot write to {chart.parent.resolve()} ({exc.strerror or exc})",
+            param_hint="--chart",
+        ) from None
+
+
 @app.command()
 @cli_errors
 def demo(
@@ -391,7 +412,7 @@ def demo(
     and the 429s, then draws a chart. Each queue is a database of its own on the server
     (`pgqueue_demo_<run>_fifo` and `_pgqueue`), dropped at the end: your queue is never touched.
     """
-    from pgqueue.demo_compare import CompareOptions, run_comparison
+    from pgqueue.demo_compare import CompareOptions, Interrupted, run_comparison
     from pgqueue.demo_figures import figures_json, render, terminal_chart, write_chart
     from pgqueue.progress import Phases
 
@@ -399,16 +420,28 @@ def demo(
     int_in_range("--concurrency", concurrency, 1, MAX_CONCURRENCY)
     finite_in_range("--speedup", speedup, 0.01)
     finite_in_range("--load", load, 0.1, 100.0)
-    if not as_json and not chart.parent.resolve().is_dir():  # before the run, not after it
-        raise typer.BadParameter(f"{chart.parent} is not a folder", param_hint="--chart")
+    if not as_json:
+        _check_chart_folder(chart)
     settings = _settings()
     options = CompareOptions(
         requests=requests, speedup=speedup, concurrency=concurrency, load=load, keep=keep
     )
-    with Phases(err_console) as phases:
-        phases.phase("starting Postgres" if not (dsn or settings.dsn) else "connecting")
-        target = _dsn(settings, dsn)
-        result = run_comparison(target, settings, options, phases)
+    try:
+        with Phases(err_console) as phases:
+            phases.phase("starting Postgres" if not (dsn or settings.dsn) else "connecting")
+            target = _dsn(settings, dsn)
+            result = run_comparison(target, settings, options, phases)
+    except KeyboardInterrupt as stopped:
+        # Ctrl-C: one line, not asyncio's traceback (found by a tester), and the shell's 130.
+        if not isinstance(stopped, Interrupted):  # before the databases were named
+            err_console.print("interrupted", markup=False)
+        elif keep:
+            err_console.print("interrupted: kept the demo databases", markup=False)
+            for arm, kept in stopped.dsns.items():
+                err_console.print(f"kept {arm}: {kept}", markup=False, highlight=False)
+        else:
+            err_console.print("interrupted: dropped the demo databases", markup=False)
+        raise typer.Exit(130) from None
     if as_json:
         document = figures_json(result.fifo, result.pgqueue)
         document["limits_per_minute"] = dict(

@@ -97,8 +97,19 @@ def validation_error(body: object, *, need_max_tokens: bool) -> str | None:
             return f"messages.{i}: must be an object"
         if message.get("role") not in ("user", "assistant"):
             return f"messages.{i}.role: must be 'user' or 'assistant'"
-        if not isinstance(message.get("content"), str | list):
+        content = message.get("content")
+        if not isinstance(content, str | list):
             return f"messages.{i}.content: must be a string or a list of content blocks"
+        # Empty content, as the API refuses it (found by a tester: the sandbox answered it).
+        if not content and (i < len(messages) - 1 or message["role"] != "assistant"):
+            return (
+                f"messages.{i}: all messages must have non-empty content except for the "
+                "optional final assistant message"
+            )
+        if isinstance(content, list) and any(
+            isinstance(b, dict) and b.get("type") == "text" and b.get("text") == "" for b in content
+        ):
+            return "messages: text content blocks must be non-empty"
     system = body.get("system")
     if system is not None and not isinstance(system, str | list):
         return "system: must be a string or a list of text blocks"

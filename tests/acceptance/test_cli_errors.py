@@ -100,6 +100,9 @@ def test_bad_enqueue_input_writes_nothing(db_dsn, tmp_path):
         (["--prompt", "x", "--origin", "urgent"], "UnknownOrigin"),
         (["--prompt", "x", "--sla-seconds", "-1"], "InvalidSla"),
         (["--payload", '{"model": "m", "max_tokens": 0, "messages": [1]}'], "InvalidPayload"),
+        # found by a tester: queued, though the Messages API refuses empty text content
+        (["--prompt", ""], "--prompt must hold text"),
+        (["--prompt", " \n"], "--prompt must hold text"),
     ]
     for extra, message in cases:
         result = run("enqueue", "acme", *extra, "--dsn", db_dsn)
@@ -107,6 +110,9 @@ def test_bad_enqueue_input_writes_nothing(db_dsn, tmp_path):
         assert message in result.stderr, (extra, result.stderr)
     assert _jobs(db_dsn) == 0
     assert run("enqueue", "", "--prompt", "x", "--dsn", db_dsn).exit_code == 2
+    blank = run("enqueue", " ", "--prompt", "x", "--dsn", db_dsn)  # found by a tester: queued
+    assert blank.exit_code == 2 and "InvalidTenant" in blank.stderr, blank.stderr
+    assert _jobs(db_dsn) == 0
     assert (
         run(
             "enqueue", "acme", "--prompt", "x", "--max-tokens", "99999999999", "--dsn", db_dsn
@@ -221,6 +227,17 @@ def test_a_busy_dashboard_port_is_named(db_dsn):
         assert _lines(result) == [
             f"InvalidArgument: cannot listen on 127.0.0.1:{port}: Address already in use"
         ]
+
+
+def test_the_default_chart_path_is_checked_before_the_demo(db_dsn, monkeypatch):
+    """Found by a tester: from a folder that takes no files (`cd /proc`), `pgqueue demo` ran
+    to the end, then failed on the default chart path (FileNotFoundError, exit 2)."""
+    pytest.importorskip("matplotlib")
+    monkeypatch.chdir("/proc")
+    result = run("demo", "--requests", "40", "--speedup", "20", "--dsn", db_dsn)
+    assert result.exit_code == 2
+    said = " ".join(result.output.replace("│", " ").split())
+    assert "cannot write to /proc" in said and "--chart" in said, said
 
 
 def test_option_ranges(db_dsn, tmp_path):

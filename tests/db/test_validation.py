@@ -23,7 +23,7 @@ from pgqueue.models import Origin
 from pgqueue.scheduling.drr import estimate_input_tokens
 from pgqueue.scheduling.tiers import classify
 from pgqueue.settings import Settings
-from pgqueue.validation import check_job
+from pgqueue.validation import check_job, check_tenant_id
 
 GOOD = {
     "model": "claude-haiku-4-5",
@@ -72,6 +72,9 @@ BAD_INPUTS: list[tuple[str, dict[str, Any], type[errors.UsageError]]] = [
     ("infinite SLA", {"sla_seconds": math.inf}, errors.InvalidSla),
     ("string SLA", {"sla_seconds": "60"}, errors.InvalidSla),
     ("empty tenant", {"tenant_id": ""}, errors.InvalidTenant),
+    # found by a tester: tenant " " was queued from the CLI, Python and SQL
+    ("blank tenant", {"tenant_id": " "}, errors.InvalidTenant),
+    ("white-space tenant", {"tenant_id": "\t\u3000\n"}, errors.InvalidTenant),
     ("oversize tenant", {"tenant_id": "t" * 129}, errors.InvalidTenant),
     ("tenant not a string", {"tenant_id": 42}, errors.InvalidTenant),
     ("empty kind", {"kind": ""}, errors.InvalidKind),
@@ -142,6 +145,7 @@ def test_bulk_with_one_bad_job_writes_nothing(conn):
 
 SQL_CASES = [
     ("''", "'user_action'", GOOD, None, "PQ006"),
+    ("' '", "'user_action'", GOOD, None, "PQ006"),
     ("'a'", "'urgent'", GOOD, None, "PQ004"),
     ("'a'", "'scheduled'", GOOD, -1.0, "PQ005"),
     ("'a'", "'scheduled'", GOOD, float("nan"), "PQ005"),
@@ -169,6 +173,40 @@ def test_sql_rejects_nul_in_payload(conn):
             (json.dumps({**GOOD, "system": "a\x00b"}),),
         )
     assert isinstance(errors.from_sqlstate(info.value.sqlstate, "x"), errors.NulCharacter)
+
+
+def test_a_white_space_tenant_is_refused_alike_by_python_and_sql(conn):
+    """Tenant ids of one white-space character each (Python's ``str.isspace``), and near
+    misses that are not white space: the Python check, validate_job and job_is_valid agree."""
+    blanks = [chr(c) for c in range(0x3001) if chr(c).isspace()]
+    for tenant in [*blanks, "".join(blanks), "\u200b", "\xad", " a "]:
+        py = _python_outcome(tenant, "scheduled", GOOD, None, "anthropic.messages")
+        sql = _sql_outcome(conn, tenant, "scheduled", GOOD, None, "anthropic.messages")
+        valid = conn.execute(
+            "SELECT pgqueue.job_is_valid(%s, 'scheduled', %s, NULL, 'anthropic.messages', NULL,"
+            " 1048576)",
+            (tenant, Jsonb(GOOD)),
+        ).fetchone()[0]
+        expected = errors.InvalidTenant if tenant.isspace() else None
+        assert (py, sql, valid) == (expected, expected, expected is None), repr(tenant)
+    # Looking a tenant up still takes a blank one: its jobs may predate the rule.
+    assert check_tenant_id(" ") == " "
+
+
+def test_a_batch_names_a_missing_field_and_refuses_a_blank_tenant(conn):
+    """Found by a tester: a job's mapping without an origin said "unknown origin None"."""
+    job = {"tenant_id": "a", "origin": "scheduled", "payload": GOOD}
+    for field, error in (
+        ("origin", errors.UnknownOrigin),
+        ("tenant_id", errors.InvalidTenant),
+        ("payload", errors.InvalidPayload),
+    ):
+        missing = {k: v for k, v in job.items() if k != field}
+        with pytest.raises(error, match=f"job 1: the field '{field}' is missing"):
+            pgqueue.enqueue_many(conn, [job, missing])
+    with pytest.raises(errors.InvalidTenant, match="job 0: tenant_id must hold a character"):
+        pgqueue.enqueue_many(conn, [pgqueue.JobSpec(" ", "scheduled", GOOD)])
+    assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone()[0] == 0
 
 
 # ------------------------------------------------------------------ Python ⇔ SQL parity

@@ -195,6 +195,10 @@ def test_missing_auth_is_401(make_harness: MakeHarness, headers: dict[str, str])
         {**VALID, "messages": "hi"},
         {**VALID, "messages": [{"role": "system", "content": "x"}]},
         {**VALID, "messages": [{"role": "user"}]},
+        # empty content, as the real API refuses it (found by a tester: answered 200)
+        {**VALID, "messages": [{"role": "user", "content": ""}]},
+        {**VALID, "messages": [{"role": "user", "content": []}]},
+        {**VALID, "messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},
         {**VALID, "system": 5},
         {**VALID, "stream": True},
         [1, 2],
@@ -206,6 +210,15 @@ def test_invalid_payload_is_400(make_harness: MakeHarness, body: object) -> None
     assert resp.status_code == 400
     assert resp.json()["error"]["type"] == "invalid_request_error"
     assert resp.json()["error"]["message"]
+
+
+def test_an_empty_final_assistant_message_is_a_prefill(make_harness: MakeHarness) -> None:
+    """The API takes an empty final assistant message (the one exception to non-empty content);
+    any model name is taken, as before."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]
+    body = {**VALID, "model": "any-model-name", "messages": messages}
+    resp = make_harness().http.post("/v1/messages", json=body, headers=AUTH)
+    assert resp.status_code == 200
 
 
 def test_non_json_body_is_400(make_harness: MakeHarness) -> None:

@@ -134,3 +134,24 @@ def test_a_chart_without_jain_windows_draws_quietly(tmp_path, caplog):
         write_chart(fifo, fair, path, "caption")
     assert [r for r in caplog.records if r.name.startswith("matplotlib")] == []
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ratios_within_ten_percent_read_about_the_same():
+    """Found by a tester: 4.0 s against 4.1 s read "1.0× longer"."""
+    from pgqueue.demo_figures import _ratio
+
+    assert _ratio(4.0, 4.1) == "about the same"
+    assert _ratio(4.4, 4.0) == "about the same"
+    assert _ratio(10.0, 2.0) == "5.0× shorter"
+    assert _ratio(2.0, 3.0) == "1.5× longer"
+    assert _ratio(0.0, 3.0) == ""  # no ratio to a zero wait (it divided by zero)
+
+
+def test_the_headline_counts_jobs_in_the_order_it_names_the_queues():
+    """Found by a tester: it named FIFO first and listed pgqueue's count first."""
+    fifo = arm_figures("plain FIFO", _schedule({"t00": 8, "t01": 2}), end=120.0)
+    fair = arm_figures("pgqueue", _schedule({"t00": 4, "t01": 4}), end=120.0)
+    fifo.succeeded, fair.succeeded = 11, 22
+    text = headline(fifo, fair)
+    assert text.index("plain FIFO") < text.index("pgqueue")
+    assert text.endswith("(11 and 22 jobs done).")

@@ -126,6 +126,12 @@ BEGIN
         RAISE EXCEPTION 'tenant_id must be 1 to 128 characters'
             USING ERRCODE = 'PQ006';
     END IF;
+    -- Python's str.isspace() characters (pgqueue/validation.py holds the same rule).
+    IF tenant_id ~ ('^[\t\n\v\f\r\u001c-\u001f \u0085\u00a0\u1680\u2000-\u200a'
+                    || '\u2028\u2029\u202f\u205f\u3000]+$') THEN
+        RAISE EXCEPTION 'tenant_id must hold a character other than white space, got %',
+            quote_literal(tenant_id) USING ERRCODE = 'PQ006';
+    END IF;
     IF origin IS NULL OR origin NOT IN ('user_action', 'scheduled', 'batch_job') THEN
         RAISE EXCEPTION 'unknown origin %; expected user_action, scheduled or batch_job',
             quote_nullable(origin) USING ERRCODE = 'PQ004';
@@ -194,6 +200,8 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT CASE
         WHEN tenant_id IS NULL OR tenant_id = '' OR char_length(tenant_id) > 128 THEN false
+        WHEN tenant_id ~ ('^[\t\n\v\f\r\u001c-\u001f \u0085\u00a0\u1680\u2000-\u200a'
+                          || '\u2028\u2029\u202f\u205f\u3000]+$') THEN false
         WHEN origin IS NULL OR origin NOT IN ('user_action', 'scheduled', 'batch_job') THEN false
         WHEN sla_seconds IS NOT NULL
              AND (sla_seconds < 0 OR sla_seconds = 'NaN'::float8
