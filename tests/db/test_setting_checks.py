@@ -51,9 +51,10 @@ def test_every_numeric_setting_the_sql_reads_is_found() -> None:
         "tier_weight_critical",
         "slo_p99_batch_seconds",
         "ratelimit_trunk_reserve",
+        "ratelimit_trunk_reserve_jobs",
         "default_daily_budget",
     } <= names
-    assert len(names) == 21
+    assert len(names) == 22
 
 
 @pytest.mark.parametrize("raw", ["abc", "NaN", "Infinity", "-Infinity", "1e20", "-1", "1e99999"])
