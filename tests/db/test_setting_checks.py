@@ -148,3 +148,12 @@ def test_enqueue_with_a_malformed_payload_cap(db_dsn: str) -> None:
         conn.rollback()
         with pytest.raises(InvalidSetting):
             pgqueue.enqueue_many(conn, [JobSpec("t", "scheduled", {}, kind="pgqueue.noop")])
+
+
+def test_a_huge_demotion_threshold_switches_demotion_off(conn: psycopg.Connection) -> None:
+    """The demo's FIFO arm sets pgqueue.demotion_throttle_threshold to 1e9 (one tenant carries
+    everyone's throttles there); a range ending at 1e6 failed every outcome it recorded."""
+    got = conn.execute(
+        "SELECT pgqueue.setting_value('demotion_throttle_threshold', '1000000000', 5)"
+    ).fetchone()
+    assert got == (1e9,)

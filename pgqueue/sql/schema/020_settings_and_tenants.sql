@@ -31,7 +31,7 @@ DECLARE
         WHEN 'ratelimit_trunk_reserve' THEN '{0, 1, 0}'
         WHEN 'ratelimit_trunk_reserve_jobs' THEN '{0, 1e6, 0}'
         WHEN 'ratelimit_input_margin' THEN '{0, 1, 0}'
-        WHEN 'demotion_throttle_threshold' THEN '{1, 1e6, 1}'
+        WHEN 'demotion_throttle_threshold' THEN '{1, 2147483647, 1}'
         WHEN 'demotion_throttle_window_seconds' THEN '{0, 1e7, 0}'
         WHEN 'demotion_budget_ratio' THEN '{0, 1e6, 0}'
         WHEN 'demotion_seconds' THEN '{0, 1e8, 0}'
