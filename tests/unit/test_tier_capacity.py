@@ -69,25 +69,23 @@ def _trace(cap: int = 400) -> tuple[list[Size], list[Size]]:
     return sizes, [s for s in sizes if s[0] <= 4000]
 
 
-def traced(rng: random.Random, tier: Tier) -> Size:
-    every, small = _trace()
+def _traced(rng: random.Random, tier: Tier, cap: int) -> Size:
+    every, small = _trace(cap)
     if tier is C:
         return rng.choice(small)
     size = rng.choice(every)
     if tier is S and rng.random() < 0.30:
         return rng.randint(5000, 8000), size[1]
     return size
+
+
+def traced(rng: random.Random, tier: Tier) -> Size:
+    return _traced(rng, tier, 400)
 
 
 def traced_output(rng: random.Random, tier: Tier) -> Size:
     """The trace's sizes with their output uncapped (up to the output limit): output binds."""
-    every, small = _trace(int(OTPM) - 1)
-    if tier is C:
-        return rng.choice(small)
-    size = rng.choice(every)
-    if tier is S and rng.random() < 0.30:
-        return rng.randint(5000, 8000), size[1]
-    return size
+    return _traced(rng, tier, int(OTPM) - 1)
 
 
 def critical_mean(draw: Draw, index: int = 0) -> float:
