@@ -24,6 +24,7 @@ from pydantic import SecretStr
 from rich.console import Console
 
 from pgqueue.db import migrate, queries
+from pgqueue.models import Tier
 from pgqueue.observability.report import collect_run_report
 from pgqueue.progress import Phases
 from pgqueue.replay import ReplayStats, replay_plan
@@ -72,7 +73,7 @@ def offered_load(
         row["requests"] += 1 / minutes / limits[0]
         row["input_tokens"] += job.input_tokens / minutes / limits[1]
         row["output_tokens"] += job.output_tokens / minutes / limits[2]
-    return offered
+    return {tier.value: offered[tier.value] for tier in Tier if tier.value in offered}
 
 
 def _plan(options: DemoOptions) -> list[PlannedJob]:
