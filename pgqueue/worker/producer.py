@@ -39,6 +39,9 @@ from pgqueue.worker.transient import first_line, is_transient, run_named, transi
 
 log = logging.getLogger("pgqueue.worker")
 
+#: How often a worker checks every ``pgqueue.*`` setting (seconds; and when it starts).
+SETTINGS_CHECK_SECONDS = 30.0
+
 
 class Producer(JobRuns):
     """Claims jobs for the free slots and starts them (a part of
@@ -52,6 +55,8 @@ class Producer(JobRuns):
     # seconds until the provider's limits have room again, from the last claim (None: room)
     _blocked_seconds: float | None
     _pool: AsyncConnectionPool[Any] | None
+    # monotonic time of the last pgqueue.settings_check that passed (None: not yet)
+    _settings_checked: float | None = None
 
     async def _produce(self) -> None:
         """Claim until stopped (or, in burst mode, until nothing is left to run).
@@ -98,6 +103,7 @@ class Producer(JobRuns):
     async def _produce_once(self, batch: int) -> bool:
         """One claim (when slots are free), then a wait for a reason to claim again; False when a
         burst worker has nothing left to run."""
+        await self._check_settings()
         free = self.concurrency - len(self._jobs.running)
         fold = 0 < free < min(batch, self.concurrency // 2)
         if fold and self.settings.claim_fold_seconds > 0:
@@ -151,6 +157,31 @@ class Producer(JobRuns):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout)
         return True
+
+    async def _check_settings(self) -> None:
+        """Every :data:`SETTINGS_CHECK_SECONDS`, ``pgqueue.settings_check``: a malformed
+        ``pgqueue.*`` setting raises :class:`InvalidSetting` before a claim, not when a sent
+        job's outcome is written (a tester: a bad ``demotion_throttle_threshold`` failed only
+        the completion, and each rescue sent the request again)."""
+        now = time.monotonic()
+        if self._settings_checked is not None and now < (
+            self._settings_checked + SETTINGS_CHECK_SECONDS
+        ):
+            return
+        assert self._pool is not None
+        try:
+            await run_named(
+                self._pool,
+                "settings_check",
+                {},
+                retry_seconds=PRODUCER_RETRY_SECONDS,
+                connection_wait_seconds=PRODUCER_RETRY_SECONDS,
+            )
+        except psycopg.Error as exc:
+            if exc.sqlstate == InvalidSetting.sqlstate:
+                raise InvalidSetting(exc.diag.message_primary or first_line(exc)) from None
+            raise
+        self._settings_checked = now
 
     async def _claim(self, limit: int) -> int:
         assert self._pool is not None

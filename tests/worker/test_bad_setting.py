@@ -89,3 +89,23 @@ async def test_a_burst_worker_stops_with_the_error(db_dsn: str) -> None:
     with pytest.raises(InvalidSetting, match="stamp_horizon_rounds must be an integer"):
         await asyncio.wait_for(worker.run(install_signal_handlers=False), 60)
     assert _states(db_dsn) == ["queued"]
+
+
+@pytest.mark.timeout(120)
+async def test_a_setting_read_only_at_completion_stops_the_claims(db_dsn: str) -> None:
+    """pgqueue.demotion_throttle_threshold is read only where an outcome is written: before
+    pgqueue.settings_check the job was claimed and sent, its outcome could not be written, and
+    each rescue sent the request again (found by a tester). Now nothing is claimed."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        pgqueue.enqueue_many(conn, [JobSpec("t", "scheduled", {}, kind="pgqueue.noop")])
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} SET pgqueue.demotion_throttle_threshold = 0").format(
+                sql.Identifier(conn.info.dbname)
+            )
+        )
+    worker = Worker(db_dsn, Settings(poll_interval_seconds=0.1), concurrency=2, burst=True)
+    with pytest.raises(InvalidSetting, match="demotion_throttle_threshold must be an integer"):
+        await asyncio.wait_for(worker.run(install_signal_handlers=False), 60)
+    assert _states(db_dsn) == ["queued"]
+    with psycopg.connect(db_dsn) as conn:
+        assert conn.execute("SELECT attempts FROM pgqueue.jobs").fetchone() == (0,)

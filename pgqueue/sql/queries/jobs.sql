@@ -296,3 +296,7 @@ WHERE j.id = ANY (%(ids)s::bigint[])
 -- (SQLSTATE 55P03). An outcome write of its own runs under it, so that a row another
 -- transaction holds does not keep the worker's connection (pgqueue.worker.completer).
 SELECT set_config('lock_timeout', %(ms)s::text, true)
+
+-- name: settings_check :many
+-- Every pgqueue.* setting this session sees, checked (PQ012 for a malformed one).
+SELECT pgqueue.settings_check() AS checked

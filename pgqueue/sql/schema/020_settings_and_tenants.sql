@@ -8,37 +8,46 @@
 -- setting, its range and the value, never a cast's error (found by a tester, issue 28:
 -- SET pgqueue.stamp_horizon_rounds = 'abc' failed every claim with "invalid input syntax for
 -- type integer"). NaN, infinities and exponents past 4 digits are not numbers here. Every
--- numeric GUC that the SQL reads is listed ({least, greatest, 1 if a whole number}); a name
--- not listed is refused. Simple expressions only: settings are read on every claim.
+-- numeric GUC that the SQL reads is listed in numeric_settings() ({least, greatest, 1 if a
+-- whole number}); a name not listed is refused. Simple expressions only: settings are read on
+-- every claim.
+CREATE OR REPLACE FUNCTION pgqueue.numeric_settings()
+RETURNS TABLE(name text, bounds numeric[])
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT v.name, v.bounds::numeric[] FROM (VALUES
+        ('default_quantum', '{0.001, 1e9, 0}'),
+        ('max_payload_bytes', '{1, 1073741824, 1}'),
+        ('stamp_horizon_rounds', '{0, 1000, 1}'),
+        ('stamp_slice_flows', '{1, 1000000, 1}'),
+        ('stamp_arrival_margin', '{0, 60, 0}'),
+        ('tier_weight_critical', '{0, 1e6, 0}'),
+        ('tier_weight_standard', '{0, 1e6, 0}'),
+        ('tier_weight_batch', '{0, 1e6, 0}'),
+        ('default_requests_per_minute', '{0.001, 1e9, 0}'),
+        ('default_input_tokens_per_minute', '{0.001, 1e12, 0}'),
+        ('default_output_tokens_per_minute', '{0.001, 1e12, 0}'),
+        ('ratelimit_trunk_reserve', '{0, 1, 0}'),
+        ('ratelimit_trunk_reserve_jobs', '{0, 1e6, 0}'),
+        ('ratelimit_input_margin', '{0, 1, 0}'),
+        ('demotion_throttle_threshold', '{1, 2147483647, 1}'),
+        ('demotion_throttle_window_seconds', '{0, 1e7, 0}'),
+        ('demotion_budget_ratio', '{0, 1e6, 0}'),
+        ('demotion_seconds', '{0, 1e8, 0}'),
+        ('default_daily_budget', '{0, 1e15, 1}'),
+        ('slo_p99_critical_seconds', '{0, 1e7, 0}'),
+        ('slo_p99_standard_seconds', '{0, 1e7, 0}'),
+        ('slo_p99_batch_seconds', '{0, 1e7, 0}')) AS v(name, bounds)
+$$;
+
 CREATE OR REPLACE FUNCTION pgqueue.setting_value(name text, raw text,
                                                  default_value double precision)
 RETURNS double precision
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 DECLARE
-    b constant numeric[] := CASE setting_value.name
-        WHEN 'default_quantum' THEN '{0.001, 1e9, 0}'
-        WHEN 'max_payload_bytes' THEN '{1, 1073741824, 1}'
-        WHEN 'stamp_horizon_rounds' THEN '{0, 1000, 1}'
-        WHEN 'stamp_slice_flows' THEN '{1, 1000000, 1}'
-        WHEN 'stamp_arrival_margin' THEN '{0, 60, 0}'
-        WHEN 'tier_weight_critical' THEN '{0, 1e6, 0}'
-        WHEN 'tier_weight_standard' THEN '{0, 1e6, 0}'
-        WHEN 'tier_weight_batch' THEN '{0, 1e6, 0}'
-        WHEN 'default_requests_per_minute' THEN '{0.001, 1e9, 0}'
-        WHEN 'default_input_tokens_per_minute' THEN '{0.001, 1e12, 0}'
-        WHEN 'default_output_tokens_per_minute' THEN '{0.001, 1e12, 0}'
-        WHEN 'ratelimit_trunk_reserve' THEN '{0, 1, 0}'
-        WHEN 'ratelimit_trunk_reserve_jobs' THEN '{0, 1e6, 0}'
-        WHEN 'ratelimit_input_margin' THEN '{0, 1, 0}'
-        WHEN 'demotion_throttle_threshold' THEN '{1, 2147483647, 1}'
-        WHEN 'demotion_throttle_window_seconds' THEN '{0, 1e7, 0}'
-        WHEN 'demotion_budget_ratio' THEN '{0, 1e6, 0}'
-        WHEN 'demotion_seconds' THEN '{0, 1e8, 0}'
-        WHEN 'default_daily_budget' THEN '{0, 1e15, 1}'
-        WHEN 'slo_p99_critical_seconds' THEN '{0, 1e7, 0}'
-        WHEN 'slo_p99_standard_seconds' THEN '{0, 1e7, 0}'
-        WHEN 'slo_p99_batch_seconds' THEN '{0, 1e7, 0}' END;
+    b constant numeric[] := (SELECT n.bounds FROM pgqueue.numeric_settings() n
+                             WHERE n.name = setting_value.name);
     v numeric;
 BEGIN
     IF b IS NULL THEN
@@ -73,6 +82,21 @@ AS $$
                 THEN default_value
                 ELSE pgqueue.setting_value(name, current_setting('pgqueue.' || name, true),
                                            default_value) END
+$$;
+
+-- Every numeric setting as this session sees it, checked (PQ012 for the first bad one), and the
+-- tier policy: a worker runs it when it starts and every half minute, so that a bad value stops
+-- its claims before a job is sent, not when its outcome is written (found by a tester: a bad
+-- pgqueue.demotion_throttle_threshold failed only the completion, and each rescue sent the
+-- request again).
+CREATE OR REPLACE FUNCTION pgqueue.settings_check()
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    PERFORM pgqueue.setting(n.name, 0) FROM pgqueue.numeric_settings() n;
+    PERFORM pgqueue.tier_policy();
+END
 $$;
 
 -- Base quantum in cost units: GUC pgqueue.default_quantum, else 5.
