@@ -327,7 +327,8 @@ def _check_size(size: int, max_payload_bytes: int) -> None:
 
 
 def check_messages_payload(payload: Mapping[str, Any]) -> None:
-    """Minimal Messages API parameters: ``model``, ``max_tokens`` > 0, non-empty ``messages``.
+    """Minimal Messages API parameters: ``model``, ``max_tokens`` > 0, non-empty ``messages``
+    without empty text (:func:`empty_text_message`).
 
     Raises:
         InvalidPayload: naming the first field that is wrong.
@@ -348,6 +349,42 @@ def check_messages_payload(payload: Mapping[str, Any]) -> None:
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidPayload("payload.messages must be a non-empty array")
+    index = empty_text_message(messages)
+    if index is not None:
+        raise InvalidPayload(
+            f"payload.messages[{index}]: text content must not be empty or white space"
+        )
+
+
+def _blank(text: object) -> bool:
+    return isinstance(text, str) and (text == "" or text.isspace())
+
+
+def empty_text_message(messages: list[Any]) -> int | None:
+    """The index of the first message whose text is empty or white space (Python's
+    ``str.isspace``), or None. Found by a tester: content ``""`` was queued from Python and
+    SQL, and the provider answered 400. A message's content may be a string or a list of
+    blocks: a blank string, an empty list, or a ``text`` block with blank text is refused;
+    other blocks and shapes are left to the provider. An empty (``""`` or ``[]``) final
+    ``assistant`` message is a prefill, and allowed. The sandbox (pgqueue/sandbox/messages.py)
+    and the SQL function ``pgqueue.empty_text_message`` apply the same rule."""
+    last = len(messages) - 1
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            continue
+        content = message.get("content")
+        if isinstance(content, str | list) and not content:
+            if i == last and message.get("role") == "assistant":
+                continue
+            return i
+        if _blank(content):
+            return i
+        if isinstance(content, list) and any(
+            isinstance(b, Mapping) and b.get("type") == "text" and _blank(b.get("text"))
+            for b in content
+        ):
+            return i
+    return None
 
 
 def messages_payload_ok(payload: Mapping[str, Any]) -> bool:
@@ -367,6 +404,7 @@ def messages_payload_ok(payload: Mapping[str, Any]) -> bool:
         and 0 < max_tokens <= _INT32_MAX
         and isinstance(messages, list)
         and len(messages) > 0
+        and empty_text_message(messages) is None
     )
 
 

@@ -76,6 +76,11 @@ def filler_text(tokens: int) -> str:
     return (_FILLER * (n // len(_FILLER) + 1))[:n]
 
 
+def _blank(text: object) -> bool:
+    """Non-empty white space only (Python's ``str.isspace``)."""
+    return isinstance(text, str) and text.isspace()
+
+
 def validation_error(body: object, *, need_max_tokens: bool) -> str | None:
     """The first problem with a request body, as the API would word it, or None."""
     if not isinstance(body, dict):
@@ -110,6 +115,15 @@ def validation_error(body: object, *, need_max_tokens: bool) -> str | None:
             isinstance(b, dict) and b.get("type") == "text" and b.get("text") == "" for b in content
         ):
             return "messages: text content blocks must be non-empty"
+        # White-space text too (pgqueue.validation.empty_text_message refuses the same).
+        if _blank(content) or (
+            isinstance(content, list)
+            and any(
+                isinstance(b, dict) and b.get("type") == "text" and _blank(b.get("text"))
+                for b in content
+            )
+        ):
+            return "messages: text content blocks must contain non-whitespace text"
     system = body.get("system")
     if system is not None and not isinstance(system, str | list):
         return "system: must be a string or a list of text blocks"

@@ -53,6 +53,12 @@ BAD_INPUTS: list[tuple[str, dict[str, Any], type[errors.UsageError]]] = [
     ("bool max_tokens", {"payload": {**GOOD, "max_tokens": True}}, errors.InvalidPayload),
     ("string max_tokens", {"payload": {**GOOD, "max_tokens": "8"}}, errors.InvalidPayload),
     ("empty messages", {"payload": {**GOOD, "messages": []}}, errors.InvalidPayload),
+    # found by a tester: content "" was queued, and the provider answered 400
+    (
+        "empty text content",
+        {"payload": {**GOOD, "messages": [{"role": "user", "content": ""}]}},
+        errors.InvalidPayload,
+    ),
     ("messages not a list", {"payload": {**GOOD, "messages": "hi"}}, errors.InvalidPayload),
     ("payload a list", {"payload": [1, 2]}, errors.InvalidPayload),
     ("NaN in payload", {"payload": {**GOOD, "temperature": math.nan}}, errors.InvalidPayload),
@@ -151,6 +157,7 @@ SQL_CASES = [
     ("'a'", "'scheduled'", GOOD, float("nan"), "PQ005"),
     ("'a'", "'user_action'", {**GOOD, "max_tokens": 0}, None, "PQ001"),
     ("'a'", "'user_action'", {"model": "m", "max_tokens": 5}, None, "PQ001"),
+    ("'a'", "'scheduled'", {**GOOD, "messages": [{"role": "user", "content": ""}]}, None, "PQ001"),
     ("'a'", "'user_action'", {**GOOD, "system": "x" * 1_100_000}, None, "PQ002"),
 ]
 
@@ -191,6 +198,67 @@ def test_a_white_space_tenant_is_refused_alike_by_python_and_sql(conn):
         assert (py, sql, valid) == (expected, expected, expected is None), repr(tenant)
     # Looking a tenant up still takes a blank one: its jobs may predate the rule.
     assert check_tenant_id(" ") == " "
+
+
+def test_empty_text_content_is_refused_alike_by_python_and_sql(conn):
+    """Found by a tester: content "" was queued from Python and SQL (the CLI refused it), and
+    the provider answered 400. The Python check, validate_job (same message) and job_is_valid
+    agree; an empty final assistant message is a prefill, and other blocks are left alone."""
+    hi = {"role": "user", "content": "hi"}
+    cases: list[tuple[list[Any], int | None]] = [
+        ([{"role": "user", "content": ""}], 0),
+        ([hi, {"role": "user", "content": " \u3000\n"}], 1),
+        ([hi, {"role": "user", "content": []}], 1),
+        (
+            [
+                hi,
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "\t"}],
+                },
+            ],
+            1,
+        ),
+        ([{"role": "assistant", "content": ""}, hi], 0),
+        ([hi, {"role": "assistant", "content": " "}], 1),
+        ([hi, {"role": "assistant", "content": ""}], None),
+        ([hi, {"role": "assistant", "content": []}], None),
+        ([{"role": "user", "content": [{"type": "image"}, {"type": "text"}]}], None),
+        ([{"role": "user", "content": [{"type": "tool_result", "content": ""}]}], None),
+        ([{"role": "user", "content": "\u200b"}, "not an object"], None),
+    ]
+    blanks = "".join(chr(c) for c in range(0x3001) if chr(c).isspace())
+    cases += [([{"role": "user", "content": c}], 0) for c in blanks] + [
+        ([{"role": "user", "content": blanks + "x"}], None)
+    ]
+    for messages, index in cases:
+        payload = {**GOOD, "messages": messages}
+        py = sql = None
+        try:
+            check_job(tenant_id="a", origin="scheduled", payload=payload)
+        except errors.InvalidPayload as exc:
+            py = str(exc)
+        try:
+            with conn.transaction():
+                conn.execute(
+                    "SELECT pgqueue.validate_job('a', 'scheduled', %s, NULL,"
+                    " 'anthropic.messages', NULL)",
+                    (Jsonb(payload),),
+                )
+        except psycopg.Error as exc:
+            assert exc.sqlstate == "PQ001"
+            sql = exc.diag.message_primary
+        valid = conn.execute(
+            "SELECT pgqueue.job_is_valid('a', 'scheduled', %s, NULL, 'anthropic.messages', NULL,"
+            " 1048576)",
+            (Jsonb(payload),),
+        ).fetchone()[0]
+        expected = (
+            None
+            if index is None
+            else f"payload.messages[{index}]: text content must not be empty or white space"
+        )
+        assert (py, sql, valid) == (expected, expected, index is None), repr(messages)
 
 
 def test_a_batch_names_a_missing_field_and_refuses_a_blank_tenant(conn):

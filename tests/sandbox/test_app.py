@@ -199,6 +199,9 @@ def test_missing_auth_is_401(make_harness: MakeHarness, headers: dict[str, str])
         {**VALID, "messages": [{"role": "user", "content": ""}]},
         {**VALID, "messages": [{"role": "user", "content": []}]},
         {**VALID, "messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},
+        # white-space text, as the real API refuses it (and pgqueue's enqueue now does)
+        {**VALID, "messages": [{"role": "user", "content": " \n"}]},
+        {**VALID, "messages": [{"role": "user", "content": [{"type": "text", "text": "\t"}]}]},
         {**VALID, "system": 5},
         {**VALID, "stream": True},
         [1, 2],

@@ -109,6 +109,35 @@ BEGIN
 END
 $$;
 
+-- The index (from 0) of the first message whose text is empty or white space (Python's
+-- str.isspace() characters), or NULL: a blank string content, an empty list, or a "text" block
+-- with blank text; an empty ('' or []) final assistant message is a prefill, and allowed.
+-- pgqueue.validation.empty_text_message and the sandbox apply the same rule. Found by a
+-- tester: content '' was queued from Python and SQL, and the provider answered 400.
+CREATE OR REPLACE FUNCTION pgqueue.empty_text_message(messages jsonb)
+RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT min(m.i)::integer - 1
+    FROM jsonb_array_elements(CASE WHEN jsonb_typeof(messages) = 'array' THEN messages END)
+         WITH ORDINALITY AS m(msg, i)
+    WHERE CASE
+        WHEN jsonb_typeof(m.msg) <> 'object' THEN false
+        WHEN m.msg -> 'content' IN ('""', '[]') THEN
+            NOT (m.i = jsonb_array_length(messages) AND m.msg -> 'role' = '"assistant"')
+        WHEN jsonb_typeof(m.msg -> 'content') = 'string' THEN
+            m.msg ->> 'content' ~ ('^[\t\n\v\f\r\u001c-\u001f \u0085\u00a0\u1680\u2000-\u200a'
+                                   || '\u2028\u2029\u202f\u205f\u3000]*$')
+        WHEN jsonb_typeof(m.msg -> 'content') = 'array' THEN EXISTS (
+            SELECT 1 FROM jsonb_array_elements(m.msg -> 'content') AS b(block)
+            WHERE jsonb_typeof(b.block) = 'object' AND b.block -> 'type' = '"text"'
+              AND jsonb_typeof(b.block -> 'text') = 'string'
+              AND b.block ->> 'text' ~ ('^[\t\n\v\f\r\u001c-\u001f \u0085\u00a0\u1680'
+                                        || '\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]*$'))
+        ELSE false
+    END
+$$;
+
 -- Raises a PQxxx SQLSTATE (see pgqueue/errors.py) for bad input; returns the parsed origin.
 CREATE OR REPLACE FUNCTION pgqueue.validate_job(tenant_id text, origin text, payload jsonb,
                                                 sla_seconds double precision, kind text,
@@ -182,6 +211,11 @@ BEGIN
             RAISE EXCEPTION 'payload.messages must be a non-empty array'
                 USING ERRCODE = 'PQ001';
         END IF;
+        problem := pgqueue.empty_text_message(payload -> 'messages');
+        IF problem IS NOT NULL THEN
+            RAISE EXCEPTION 'payload.messages[%]: text content must not be empty or white space',
+                problem USING ERRCODE = 'PQ001';
+        END IF;
     END IF;
     RETURN origin::pgqueue.origin;
 END
@@ -221,6 +255,7 @@ AS $$
              OR (payload -> 'max_tokens')::numeric
                 <> trunc((payload -> 'max_tokens')::numeric) THEN false
         WHEN jsonb_typeof(payload -> 'messages') IS DISTINCT FROM 'array' THEN false
-        ELSE jsonb_array_length(payload -> 'messages') > 0
+        WHEN jsonb_array_length(payload -> 'messages') = 0 THEN false
+        ELSE pgqueue.empty_text_message(payload -> 'messages') IS NULL
     END
 $$;
