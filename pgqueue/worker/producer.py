@@ -170,13 +170,11 @@ class Producer(JobRuns):
             return
         assert self._pool is not None
         try:
-            await run_named(
-                self._pool,
-                "settings_check",
-                {},
-                retry_seconds=PRODUCER_RETRY_SECONDS,
-                connection_wait_seconds=PRODUCER_RETRY_SECONDS,
-            )
+            # never prepared (a run every 30 s gains nothing from it): behind a pooler in
+            # transaction mode the claim stays this connection's first prepared statement,
+            # whose clash names the setting to change (tests/worker/test_pgbouncer.py)
+            async with self._pool.connection(timeout=PRODUCER_RETRY_SECONDS) as conn:
+                await queries.arun(conn, "settings_check", {}, prepare=False)
         except psycopg.Error as exc:
             if exc.sqlstate == InvalidSetting.sqlstate:
                 raise InvalidSetting(exc.diag.message_primary or first_line(exc)) from None
