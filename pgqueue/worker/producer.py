@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -41,6 +42,18 @@ log = logging.getLogger("pgqueue.worker")
 
 #: How often a worker checks every ``pgqueue.*`` setting (seconds; and when it starts).
 SETTINGS_CHECK_SECONDS = 30.0
+
+
+@contextlib.contextmanager
+def _setting_errors_typed() -> Iterator[None]:
+    """A malformed ``pgqueue.*`` setting (SQLSTATE PQ012) raised inside as
+    :class:`InvalidSetting`, with the server's one-line message; other errors as they are."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        if exc.sqlstate != InvalidSetting.sqlstate:
+            raise
+        raise InvalidSetting(exc.diag.message_primary or first_line(exc)) from None
 
 
 class Producer(JobRuns):
@@ -169,16 +182,12 @@ class Producer(JobRuns):
         ):
             return
         assert self._pool is not None
-        try:
-            # never prepared (a run every 30 s gains nothing from it): behind a pooler in
-            # transaction mode the claim stays this connection's first prepared statement,
-            # whose clash names the setting to change (tests/worker/test_pgbouncer.py)
+        # never prepared (a run every 30 s gains nothing from it): behind a pooler in
+        # transaction mode the claim stays this connection's first prepared statement, whose
+        # clash names the setting to change (tests/worker/test_pgbouncer.py)
+        with _setting_errors_typed():
             async with self._pool.connection(timeout=PRODUCER_RETRY_SECONDS) as conn:
                 await queries.arun(conn, "settings_check", {}, prepare=False)
-        except psycopg.Error as exc:
-            if exc.sqlstate == InvalidSetting.sqlstate:
-                raise InvalidSetting(exc.diag.message_primary or first_line(exc)) from None
-            raise
         self._settings_checked = now
 
     async def _claim(self, limit: int) -> int:
@@ -192,7 +201,7 @@ class Producer(JobRuns):
             "skip_kinds": sorted(self._cannot_run),
         }
         started = time.perf_counter()
-        try:
+        with _setting_errors_typed():
             rows = await run_named(
                 self._pool,
                 "job_claim",
@@ -200,10 +209,6 @@ class Producer(JobRuns):
                 retry_seconds=PRODUCER_RETRY_SECONDS,
                 connection_wait_seconds=PRODUCER_RETRY_SECONDS,
             )
-        except psycopg.Error as exc:
-            if exc.sqlstate == InvalidSetting.sqlstate:  # a malformed pgqueue.* setting
-                raise InvalidSetting(exc.diag.message_primary or first_line(exc)) from None
-            raise
         first = next((row for row in rows if row["id"] is not None), None)
         if first is not None and not first["durable"]:
             await self._make_durable(first)
