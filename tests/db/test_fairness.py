@@ -95,7 +95,8 @@ def test_fairness_reads_only_the_windows_jobs(db_dsn):
     """EXPLAIN guard: pgqueue.fairness_in joined the served jobs to the backlogged tenants by
     sorting the whole jobs table (3 s at 1M jobs, bench/dashboard.py: `pgqueue status`, the
     exporter and the dashboard's overview read it); with the window as a bound (revision
-    0034) it reads them by jobs_started_at_idx."""
+    0034) it reads them by index (revision 0060: the three partial indexes of
+    pgqueue.jobs_started_since)."""
     from tests.db.test_drr_explain import _load_auto_explain, _log_plans
 
     with psycopg.connect(db_dsn, autocommit=True) as c:

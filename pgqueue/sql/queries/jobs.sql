@@ -217,9 +217,17 @@ RETURNING j.id, j.state::text AS state
 -- Seconds (database clock) until the earliest queued job is due; NULL when nothing is queued.
 -- Jobs of the kinds in `skip_kinds` (text[]) do not count: a burst worker leaves the kinds it
 -- cannot run (no handler, no API key) to other workers instead of waiting for them forever.
-SELECT extract(epoch FROM min(run_at) - now())::double precision AS seconds
-FROM pgqueue.jobs
-WHERE state = 'queued' AND kind <> ALL (%(skip_kinds)s::text[])
+-- The unstamped jobs by jobs_queued_run_at_idx; a stamped job is due already (0 or less), and
+-- those count by each lane and tier's head (pgqueue.lane_tiers_stamped, a skip scan of
+-- jobs_claim_idx; the claim skips kinds by the head too): no index holds every queued job by
+-- run_at, as the stamp would write an entry in it (revision 0060).
+SELECT extract(epoch FROM least(
+           (SELECT min(j.run_at) FROM pgqueue.jobs j
+            WHERE j.state = 'queued' AND j.key_round IS NULL
+              AND j.kind <> ALL (%(skip_kinds)s::text[])),
+           (SELECT min(j.run_at) FROM pgqueue.lane_tiers_stamped() h
+            JOIN pgqueue.jobs j ON j.id = h.id
+            WHERE h.kind <> ALL (%(skip_kinds)s::text[]))) - now())::double precision AS seconds
 
 -- name: job_queued_kinds :many
 -- Which of these kinds (text[]) still have queued jobs, and how many: what a burst worker that
@@ -235,13 +243,20 @@ ORDER BY j.kind
 -- The kinds of the queued jobs due within `horizon_seconds` that are not in `kinds` (text[]):
 -- those an idle burst worker has no handler for, learned before it would wait for them (found
 -- by a tester: it waited 60 s for a job put back for want of a handler, then put it back
--- again). A range scan of jobs_queued_run_at_idx, only when the worker has nothing to run.
-SELECT DISTINCT j.kind
-FROM pgqueue.jobs j
-WHERE j.state = 'queued'
-  AND j.run_at <= now() + make_interval(secs => %(horizon_seconds)s)
-  AND j.kind <> ALL (%(kinds)s::text[])
-ORDER BY j.kind
+-- again). A range scan of jobs_queued_run_at_idx (the unstamped jobs), and the kinds of the
+-- lanes' heads for the stamped ones (pgqueue.lane_tiers_stamped, as the claim skips kinds;
+-- revision 0060), only when the worker has nothing to run.
+SELECT k.kind
+FROM (SELECT DISTINCT j.kind
+      FROM pgqueue.jobs j
+      WHERE j.state = 'queued' AND j.key_round IS NULL
+        AND j.run_at <= now() + make_interval(secs => %(horizon_seconds)s)
+        AND j.kind <> ALL (%(kinds)s::text[])) k
+UNION
+SELECT h.kind
+FROM pgqueue.lane_tiers_stamped() h
+WHERE h.kind <> ALL (%(kinds)s::text[])
+ORDER BY 1
 
 -- name: job_requeue_failed :many
 -- `pgqueue retry`: failed jobs matching every given filter go back to the queue with fresh

@@ -8,8 +8,11 @@ FROM pgqueue.tenant_set(%(tenant_id)s, %(plan)s, %(quantum)s, %(daily_token_budg
 
 -- name: tenant_list :many
 SELECT t.tenant_id, t.plan, t.quantum, t.daily_token_budget,
-       (SELECT count(*) FROM pgqueue.jobs j
-        WHERE j.tenant_id = t.tenant_id AND j.state = 'queued') AS queued,
+       -- the exact counters (admission's; one probe per tier): no index holds every queued
+       -- job by tenant, as the stamp would write an entry in it (revision 0060)
+       (SELECT coalesce(sum(c.queued), 0)::bigint FROM pgqueue.queue_counts c
+        WHERE c.tier = ANY (enum_range(NULL::pgqueue.tier))
+          AND c.tenant_id = t.tenant_id) AS queued,
        EXISTS (SELECT 1 FROM pgqueue.demotions d
                WHERE d.tenant_id = t.tenant_id AND d.expires_at > now()) AS demoted
 FROM pgqueue.tenants t

@@ -126,19 +126,47 @@ COMMENT ON COLUMN pgqueue.jobs.tier IS 'The job''s scheduling tier (critical, st
 
 CREATE UNIQUE INDEX jobs_dedupe_live_idx ON pgqueue.jobs USING btree (tenant_id, dedupe_key) WHERE ((dedupe_key IS NOT NULL) AND (state = ANY (ARRAY['queued'::pgqueue.job_state, 'running'::pgqueue.job_state])));
 
+-- Every UPDATE of a job changes an indexed column (state, a key column), so none is HOT: each
+-- row version gets an entry in every index whose predicate it matches. The stamp (queued ->
+-- queued with a key), the claim (-> running) and a success (-> succeeded) are the hot path, so
+-- the partial indexes below leave them out where their readers allow it (revision 0060:
+-- 11 index entries per job to 7, -9 % instructions per claimed and completed job,
+-- bench/claim_instructions_peer.py). A job's life, and the entries it gets: enqueue (the
+-- queued and unstamped ones), stamp (jobs_queued_enqueued_idx, jobs_claim_idx), claim
+-- (jobs_running_lease_idx), success (jobs_finished_at_idx), each with one of jobs_pkey.
+
+-- Finished jobs in the order they finished: retention (job_prune), the metrics cursor
+-- (metrics_finished_since), latency_slo_in, retry_failed's since/until; and the succeeded jobs
+-- served in a window (pgqueue.jobs_started_since: a success is written after its claim
+-- committed, so it finished at or after it started).
 CREATE INDEX jobs_finished_at_idx ON pgqueue.jobs USING btree (finished_at) WHERE (state = ANY (ARRAY['succeeded'::pgqueue.job_state, 'failed'::pgqueue.job_state, 'cancelled'::pgqueue.job_state]));
 
 -- The oldest queued job of a tier, by one probe (pgqueue.queue_depth; revision 0049): at 1M
--- queued jobs its age read them all, ~0.2 s a read.
+-- queued jobs its age read them all, ~0.2 s a read. The one index of every queued job, stamped
+-- or not (the oldest may be either), so the stamp writes an entry in it.
 CREATE INDEX jobs_queued_enqueued_idx ON pgqueue.jobs USING btree (priority, enqueued_at) WHERE (state = 'queued'::pgqueue.job_state);
 
-CREATE INDEX jobs_queued_run_at_idx ON pgqueue.jobs USING btree (run_at) WHERE (state = 'queued'::pgqueue.job_state);
+-- The unstamped queued jobs by the moment they are due (revision 0060; before, every queued
+-- job): queue_depth's `due` (a job not due yet is never stamped: a stamp takes due jobs, and a
+-- change of run_at takes the key off), job_next_due and job_due_kinds_besides (the stamped
+-- jobs are due already: those read the lanes' heads, pgqueue.lane_tiers_stamped).
+CREATE INDEX jobs_queued_run_at_idx ON pgqueue.jobs USING btree (run_at) WHERE ((state = 'queued'::pgqueue.job_state) AND (key_round IS NULL));
 
-CREATE INDEX jobs_queued_tenant_head_idx ON pgqueue.jobs USING btree (tenant_id, priority, run_at, id) WHERE (state = 'queued'::pgqueue.job_state);
+-- The unstamped queued jobs of a tenant (revision 0060; before, jobs_queued_tenant_head_idx of
+-- every queued job): with jobs_claim_idx for its stamped ones (a few DRR rounds' worth), what
+-- pgqueue.cancel_queued and pgqueue.demotion_check's demote_queued_jobs change. tenant_list
+-- counts a tenant's queued jobs from the counters (queue_counts).
+CREATE INDEX jobs_unstamped_tenant_idx ON pgqueue.jobs USING btree (tenant_id, priority) WHERE ((state = 'queued'::pgqueue.job_state) AND (key_round IS NULL));
 
+-- The running jobs: rescue by expired lease (job_rescue), queue_depth's running, and the
+-- running jobs served in a window (pgqueue.jobs_started_since).
 CREATE INDEX jobs_running_lease_idx ON pgqueue.jobs USING btree (lease_expires_at) WHERE (state = 'running'::pgqueue.job_state);
 
-CREATE INDEX jobs_started_at_idx ON pgqueue.jobs USING btree (started_at) WHERE (started_at IS NOT NULL);
+-- The jobs that were started and then queued again, failed or were cancelled, by when they
+-- last started (revision 0060; before, every started job: the claim and the completion each
+-- wrote an entry): with jobs_running_lease_idx and jobs_finished_at_idx, the jobs served in a
+-- window (pgqueue.jobs_started_since: tenant_service, fairness).
+CREATE INDEX jobs_started_at_idx ON pgqueue.jobs USING btree (started_at) WHERE ((started_at IS NOT NULL) AND (state = ANY (ARRAY['queued'::pgqueue.job_state, 'failed'::pgqueue.job_state, 'cancelled'::pgqueue.job_state])));
 
 -- The scheduler (070_scheduler.sql, docs/drr.md). A queued job's key (key_round, key_place,
 -- key_seq) is its place in its lane and tier's DRR order, NULL until a fold stamps it; a

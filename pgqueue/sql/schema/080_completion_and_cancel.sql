@@ -213,10 +213,29 @@ BEGIN
         RAISE EXCEPTION 'this session may only cancel jobs of tenant %', quote_literal(scope)
             USING ERRCODE = 'insufficient_privilege';
     END IF;
-    WITH doomed AS (
+    -- The tenant's queued jobs: the unstamped ones by jobs_unstamped_tenant_idx, the stamped
+    -- ones (a few DRR rounds' worth of every backlogged tenant) by jobs_claim_idx (revision
+    -- 0060: no index holds every queued job by tenant, as every stamp would write an entry in
+    -- it); `IS TRUE` keeps the planner off jobs_pkey, whose second column is tenant_id (a
+    -- scan of all of it). Then locked by row, each checked again at its newest version (a job
+    -- stamped meanwhile is one of them still).
+    WITH queued AS (
         SELECT j.ctid AS row_id
         FROM pgqueue.jobs j
         WHERE j.tenant_id = cancel_queued.tenant_id
+          AND j.state = 'queued' AND j.key_round IS NULL
+          AND (cancel_queued.tier IS NULL OR j.priority = cancel_queued.tier)
+        UNION ALL
+        SELECT j.ctid
+        FROM pgqueue.jobs j
+        WHERE (j.tenant_id = cancel_queued.tenant_id) IS TRUE
+          AND j.state = 'queued' AND j.key_round IS NOT NULL
+          AND (cancel_queued.tier IS NULL OR j.priority = cancel_queued.tier)
+    ), doomed AS (
+        SELECT j.ctid AS row_id
+        FROM pgqueue.jobs j
+        WHERE j.ctid = ANY (ARRAY(SELECT q.row_id FROM queued q))
+          AND j.tenant_id = cancel_queued.tenant_id
           AND j.state = 'queued'
           AND (cancel_queued.tier IS NULL OR j.priority = cancel_queued.tier)
         FOR UPDATE SKIP LOCKED

@@ -76,8 +76,19 @@ BEGIN
     VALUES (p_tenant, why, now() + make_interval(secs => duration));
     IF coalesce(current_setting('pgqueue.demote_queued_jobs', true), '') IN ('on', 'true', '1')
     THEN
+        -- the unstamped jobs by jobs_unstamped_tenant_idx, the stamped ones by jobs_claim_idx
+        -- (revision 0060; `IS TRUE`: not a scan of all of jobs_pkey, as in
+        -- pgqueue.cancel_queued), each checked again at its newest version
         UPDATE pgqueue.jobs j SET priority = 'batch'
-        WHERE j.tenant_id = p_tenant AND j.state = 'queued' AND j.priority = 'standard';
+        WHERE j.ctid = ANY (ARRAY(
+                  SELECT x.ctid FROM pgqueue.jobs x
+                  WHERE x.tenant_id = p_tenant AND x.state = 'queued' AND x.key_round IS NULL
+                    AND x.priority = 'standard'
+                  UNION ALL
+                  SELECT x.ctid FROM pgqueue.jobs x
+                  WHERE (x.tenant_id = p_tenant) IS TRUE AND x.state = 'queued'
+                    AND x.key_round IS NOT NULL AND x.priority = 'standard'))
+          AND j.tenant_id = p_tenant AND j.state = 'queued' AND j.priority = 'standard';
     END IF;
     RETURN why;
 END

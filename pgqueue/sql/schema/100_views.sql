@@ -6,8 +6,9 @@
 -- job's age in seconds, and how many queued jobs are due now. It never reads finished jobs
 -- (revision 0046; `state IN ('queued', 'running')` matched no partial index and read the whole
 -- table): queued from the exact counters (queue_counts, the tier's total rows), due as queued
--- less the jobs not due yet (jobs_queued_run_at_idx from now on), running through
--- jobs_running_lease_idx, the oldest by one probe of jobs_queued_enqueued_idx per tier
+-- less the jobs not due yet (jobs_queued_run_at_idx from now on: such a job is never stamped,
+-- revision 0060), running through jobs_running_lease_idx, the oldest by one probe of
+-- jobs_queued_enqueued_idx per tier
 -- (revision 0049: it read every queued job, ~0.2 s at 1M). Each is a join or subquery of its
 -- own, which the planner drops when its column is not read: the exporter's `SELECT tier,
 -- queued, running` reads counters and running jobs.
@@ -29,7 +30,7 @@ LEFT JOIN (
 LEFT JOIN (
     SELECT j.priority, count(*) AS later
     FROM pgqueue.jobs j
-    WHERE j.state = 'queued' AND j.run_at > now()
+    WHERE j.state = 'queued' AND j.key_round IS NULL AND j.run_at > now()
     GROUP BY j.priority
 ) l ON l.priority = t.tier
 LEFT JOIN (
@@ -61,6 +62,26 @@ WHERE j.state = 'queued'
       END
 ORDER BY j.priority, j.lane, j.key_round NULLS LAST, j.key_place, j.key_seq, j.run_at, j.id;
 
+-- The jobs started (claimed) at or after `since`, whatever their state now: the jobs served in
+-- a window. By three partial indexes, none of which a claim or a success writes an entry in
+-- (revision 0060; jobs_started_at_idx held every started job, two entries per job): the
+-- running ones (jobs_running_lease_idx), the succeeded ones by when they finished
+-- (jobs_finished_at_idx; a success is written after its claim committed, so it finished at or
+-- after it started), the others (queued again, failed, cancelled) by jobs_started_at_idx.
+CREATE OR REPLACE FUNCTION pgqueue.jobs_started_since(since timestamp with time zone)
+RETURNS SETOF pgqueue.jobs
+LANGUAGE sql STABLE
+AS $$
+    SELECT j.* FROM pgqueue.jobs j
+    WHERE j.state = 'running' AND j.started_at >= since
+    UNION ALL
+    SELECT j.* FROM pgqueue.jobs j
+    WHERE j.state = 'succeeded' AND j.finished_at >= since AND j.started_at >= since
+    UNION ALL
+    SELECT j.* FROM pgqueue.jobs j
+    WHERE j.state IN ('queued', 'failed', 'cancelled') AND j.started_at >= since
+$$;
+
 -- Per tenant and tier, over the last `service_window`: jobs and cost units served (claimed),
 -- queued now, the tenant's quantum (its DRR weight), and whether it was backlogged in the
 -- window (had work waiting at some moment of it: served in it, or queued now).
@@ -72,8 +93,7 @@ LANGUAGE sql STABLE
 AS $$
     WITH served AS (
         SELECT j.tenant_id, j.priority AS tier, count(*) AS n, sum(j.cost) AS c
-        FROM pgqueue.jobs j
-        WHERE j.started_at >= now() - service_window
+        FROM pgqueue.jobs_started_since(now() - service_window) j
         GROUP BY j.tenant_id, j.priority
     ), queued AS (
         SELECT j.tenant_id, j.priority AS tier, count(*) AS n, sum(j.cost) AS c
@@ -128,6 +148,9 @@ LANGUAGE sql STABLE
 AS $$
     WITH bounds AS (
         SELECT now() - service_window AS t0, now() AS t1
+    ), started AS (  -- the window's jobs, read once (not a sort of the whole table: 3 s at 1M)
+        SELECT j.tenant_id, j.priority, j.state, j.cost, j.enqueued_at, j.run_at, j.started_at
+        FROM pgqueue.jobs_started_since(now() - service_window) j
     ), waits AS (
         -- when each job waited (due, not yet started), in or reaching into the window; the
         -- jobs waiting now as one interval per tenant and tier (they all reach now)
@@ -138,8 +161,8 @@ AS $$
         GROUP BY j.tenant_id, j.priority, b.t1
         UNION ALL
         SELECT j.tenant_id, j.priority, greatest(j.enqueued_at, j.run_at), j.started_at
-        FROM pgqueue.jobs j, bounds b
-        WHERE j.started_at >= b.t0 AND j.state <> 'queued'
+        FROM started j
+        WHERE j.state <> 'queued'
     ), marked AS (
         SELECT w.tenant_id, w.tier, w.s, w.e,
                w.s > coalesce(max(w.e) OVER (PARTITION BY w.tenant_id, w.tier ORDER BY w.s, w.e
@@ -161,12 +184,9 @@ AS $$
                coalesce(sum(j.cost) FILTER (WHERE j.started_at >= p.tier_since), 0) AS c_tier,
                coalesce(sum(j.cost) FILTER (WHERE j.started_at >= p.all_since), 0) AS c_all
         FROM spans p
-        LEFT JOIN pgqueue.jobs j
+        LEFT JOIN started j  -- every span starts in the window
                ON j.tenant_id = p.tenant_id AND j.priority = p.tier
               AND j.started_at >= least(p.tier_since, p.all_since)
-              -- implied (every span starts in the window), and lets the join read only the
-              -- window's jobs by jobs_started_at_idx, not sort the whole table (3 s at 1M)
-              AND j.started_at >= (SELECT b.t0 FROM bounds b)
         GROUP BY p.tenant_id, p.tier
     ), per_tenant AS (
         SELECT s.tier, s.tenant_id, s.c_tier AS c, pgqueue.tenant_quantum(s.tenant_id) AS q

@@ -1,0 +1,153 @@
+"""Revision 0060: the stamp, the claim and a success write no entry in jobs_queued_run_at_idx,
+jobs_unstamped_tenant_idx or jobs_started_at_idx (their predicates leave those row versions
+out), and the readers of those indexes find the stamped, running and succeeded jobs through
+jobs_claim_idx, jobs_running_lease_idx and jobs_finished_at_idx instead: same answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgqueue
+from pgqueue.db import queries
+from tests.db.test_drr_explain import _load_auto_explain, _log_plans
+
+Conn = psycopg.Connection[Any]
+KIND = "hot.path"
+
+
+@pytest.fixture
+def auto(db_dsn: str) -> Any:
+    with psycopg.connect(db_dsn, autocommit=True) as connection:
+        yield connection
+
+
+def _enqueue(conn: Conn, tenant: str, n: int, *, kind: str = KIND, sla: float = 60) -> None:
+    specs = [
+        pgqueue.JobSpec(
+            tenant_id=tenant, origin="scheduled", sla_seconds=sla, payload={"i": i}, kind=kind
+        )
+        for i in range(n)
+    ]
+    pgqueue.enqueue_many(conn, specs)
+
+
+def _stamped(conn: Conn, tenant: str) -> tuple[int, int]:
+    """(stamped, unstamped) queued jobs of the tenant."""
+    row = conn.execute(
+        "SELECT count(*) FILTER (WHERE key_round IS NOT NULL),"
+        " count(*) FILTER (WHERE key_round IS NULL)"
+        " FROM pgqueue.jobs WHERE tenant_id = %s AND state = 'queued'",
+        (tenant,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def _fold(conn: Conn) -> None:
+    conn.execute("SELECT pgqueue.fold(u.lane, u.tier) FROM pgqueue.lane_tiers_unstamped() u")
+
+
+def test_cancel_queued_takes_the_stamped_jobs_too(auto: Conn) -> None:
+    auto.execute("SET pgqueue.stamp_horizon_rounds = 1")
+    _enqueue(auto, "a", 40)
+    _enqueue(auto, "b", 5)
+    _fold(auto)
+    stamped, unstamped = _stamped(auto, "a")
+    assert stamped > 0 and unstamped > 0, (stamped, unstamped)
+    assert pgqueue.cancel_queued(auto, "a") == 40
+    assert _stamped(auto, "a") == (0, 0)
+    assert _stamped(auto, "b") != (0, 0)
+    rows = queries.run(auto, "tenant_list", {"limit": 10})
+    assert {r["tenant_id"]: r["queued"] for r in rows} == {"a": 0, "b": 5}
+
+
+def test_tenant_list_counts_stamped_and_unstamped_jobs(auto: Conn) -> None:
+    auto.execute("SET pgqueue.stamp_horizon_rounds = 1")
+    _enqueue(auto, "a", 30)
+    _enqueue(auto, "a", 4, sla=3600)  # batch tier
+    _fold(auto)
+    assert _stamped(auto, "a")[0] > 0
+    rows = queries.run(auto, "tenant_list", {"limit": 10})
+    assert [(r["tenant_id"], r["queued"]) for r in rows] == [("a", 34)]
+
+
+def test_next_due_and_due_kinds_see_the_stamped_jobs(auto: Conn) -> None:
+    _enqueue(auto, "a", 3)
+    _fold(auto)
+    assert _stamped(auto, "a") == (3, 0)  # no job unstamped: only jobs_claim_idx holds them
+    due = queries.run(auto, "job_next_due", {"skip_kinds": []})
+    assert due is not None and due["seconds"] is not None and due["seconds"] <= 0
+    skipped = queries.run(auto, "job_next_due", {"skip_kinds": [KIND]})
+    assert skipped is not None and skipped["seconds"] is None
+    kinds = queries.run(auto, "job_due_kinds_besides", {"kinds": [], "horizon_seconds": 60})
+    assert [r["kind"] for r in kinds] == [KIND]
+    kinds = queries.run(auto, "job_due_kinds_besides", {"kinds": [KIND], "horizon_seconds": 60})
+    assert kinds == []
+    auto.execute("UPDATE pgqueue.jobs SET run_at = now() + interval '30 seconds'")  # unstamps
+    later = queries.run(auto, "job_next_due", {"skip_kinds": []})
+    assert later is not None and 25 < later["seconds"] <= 30
+    depth = auto.execute("SELECT sum(queued), sum(due) FROM pgqueue.queue_depth").fetchone()
+    assert depth == (3, 0)
+
+
+def test_jobs_started_since_is_every_job_started_since(auto: Conn) -> None:
+    """Every state, started in the window or before it: the three partial indexes together
+    give what `started_at >= since` over the whole table gives."""
+    auto.execute("INSERT INTO pgqueue.tenants (tenant_id) VALUES ('t')")
+    auto.execute(
+        "INSERT INTO pgqueue.jobs (tenant_id, origin, priority, state, payload, started_at,"
+        " finished_at, lease_expires_at)"
+        " SELECT 't', 'scheduled', 'standard', s, '{}',"
+        "        CASE WHEN s = 'queued' AND g = 0 THEN NULL"
+        "             ELSE now() - make_interval(secs => 10 + g * 100) END,"
+        "        CASE WHEN s IN ('succeeded', 'failed', 'cancelled')"
+        "             THEN now() - make_interval(secs => 5 + g * 100) END,"
+        "        CASE WHEN s = 'running' THEN now() + interval '1 minute' END"
+        " FROM unnest(enum_range(NULL::pgqueue.job_state)) s, generate_series(0, 3) g"
+    )
+    for window in ("1 minute", "3 minutes", "1 hour"):
+        expected = auto.execute(
+            "SELECT array_agg(id ORDER BY id) FROM pgqueue.jobs"
+            " WHERE started_at >= now() - %s::interval",
+            (window,),
+        ).fetchone()
+        got = auto.execute(
+            "SELECT array_agg(id ORDER BY id)"
+            " FROM pgqueue.jobs_started_since(now() - %s::interval)",
+            (window,),
+        ).fetchone()
+        assert got == expected, window
+
+
+def test_cancel_queued_reads_no_finished_job(auto: Conn) -> None:
+    """EXPLAIN guard, 20,000 finished jobs and 2,000 queued ones of other tenants beside a
+    tenant's 40, some stamped: the
+    tenant's jobs by jobs_unstamped_tenant_idx and jobs_claim_idx, never a sequential scan nor
+    a scan of jobs_pkey by its second column."""
+    auto.execute("SET pgqueue.stamp_horizon_rounds = 1")
+    auto.execute("INSERT INTO pgqueue.tenants (tenant_id) VALUES ('a')")
+    auto.execute("INSERT INTO pgqueue.tenants SELECT 'old' || g FROM generate_series(0, 99) g")
+    auto.execute(
+        "INSERT INTO pgqueue.jobs (tenant_id, origin, priority, state, payload, started_at,"
+        " finished_at)"
+        " SELECT 'old' || g % 100, 'scheduled', 'standard', 'succeeded', '{}',"
+        "        now() - interval '2 days', now() - interval '2 days'"
+        " FROM generate_series(1, 20000) g"
+    )
+    _enqueue(auto, "a", 40)
+    for k in range(20):
+        _enqueue(auto, f"other{k}", 100)
+    _fold(auto)
+    assert _stamped(auto, "a")[0] > 0
+    auto.execute("VACUUM ANALYZE pgqueue.jobs")
+    plans: list[str] = []
+    _load_auto_explain(auto)
+    _log_plans(auto, plans)
+    assert pgqueue.cancel_queued(auto, "a") == 40
+    text = "\n".join(plans)
+    assert "jobs_unstamped_tenant_idx" in text and "jobs_claim_idx" in text, text
+    assert "Seq Scan on jobs" not in text, text
+    assert "using jobs_pkey" not in text and "on jobs_pkey" not in text, text
