@@ -112,7 +112,7 @@ END) STORED,
     key_seq bigint,
     CONSTRAINT jobs_dedupe_key_check CHECK (((dedupe_key IS NULL) OR ((dedupe_key <> ''::text) AND (char_length(dedupe_key) <= 256)))),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
-    CONSTRAINT jobs_pkey PRIMARY KEY (id, tenant_id)
+    CONSTRAINT jobs_pkey PRIMARY KEY (id, tenant_id) WITH (deduplicate_items='off')
 )
 WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02');
 
@@ -124,8 +124,15 @@ ALTER TABLE pgqueue.jobs
 
 COMMENT ON COLUMN pgqueue.jobs.tier IS 'The job''s scheduling tier (critical, standard, batch), always equal to priority: priority is the name the design brief keeps stable and the one to write; tier is the name the README, views and status use (revision 0040)';
 
-CREATE UNIQUE INDEX jobs_dedupe_live_idx ON pgqueue.jobs USING btree (tenant_id, dedupe_key) WHERE ((dedupe_key IS NOT NULL) AND (state = ANY (ARRAY['queued'::pgqueue.job_state, 'running'::pgqueue.job_state])));
+CREATE UNIQUE INDEX jobs_dedupe_live_idx ON pgqueue.jobs USING btree (tenant_id, dedupe_key) WITH (deduplicate_items='off') WHERE ((dedupe_key IS NOT NULL) AND (state = ANY (ARRAY['queued'::pgqueue.job_state, 'running'::pgqueue.job_state])));
 
+-- None of the jobs indexes deduplicates equal keys (deduplicate_items off, revision 0061): a
+-- posting list's entry can be marked dead only once all its row versions are, so a probe
+-- went on visiting versions that a stamp or claim had replaced (80-150 heap fetches a probe
+-- of the fold's check), and every insertion into one rewrote the list (-2 % instructions
+-- per claimed and completed job, after revision 0060; -5 % before it). One enqueue shares run_at and enqueued_at, and a batched
+-- claim or completion lease_expires_at and finished_at, so most keys had duplicates.
+--
 -- Every UPDATE of a job changes an indexed column (state, a key column), so none is HOT: each
 -- row version gets an entry in every index whose predicate it matches. The stamp (queued ->
 -- queued with a key), the claim (-> running) and a success (-> succeeded) are the hot path, so
@@ -139,44 +146,44 @@ CREATE UNIQUE INDEX jobs_dedupe_live_idx ON pgqueue.jobs USING btree (tenant_id,
 -- (metrics_finished_since), latency_slo_in, retry_failed's since/until; and the succeeded jobs
 -- served in a window (pgqueue.jobs_started_since: a success is written after its claim
 -- committed, so it finished at or after it started).
-CREATE INDEX jobs_finished_at_idx ON pgqueue.jobs USING btree (finished_at) WHERE (state = ANY (ARRAY['succeeded'::pgqueue.job_state, 'failed'::pgqueue.job_state, 'cancelled'::pgqueue.job_state]));
+CREATE INDEX jobs_finished_at_idx ON pgqueue.jobs USING btree (finished_at) WITH (deduplicate_items='off') WHERE (state = ANY (ARRAY['succeeded'::pgqueue.job_state, 'failed'::pgqueue.job_state, 'cancelled'::pgqueue.job_state]));
 
 -- The oldest queued job of a tier, by one probe (pgqueue.queue_depth; revision 0049): at 1M
 -- queued jobs its age read them all, ~0.2 s a read. The one index of every queued job, stamped
 -- or not (the oldest may be either), so the stamp writes an entry in it.
-CREATE INDEX jobs_queued_enqueued_idx ON pgqueue.jobs USING btree (priority, enqueued_at) WHERE (state = 'queued'::pgqueue.job_state);
+CREATE INDEX jobs_queued_enqueued_idx ON pgqueue.jobs USING btree (priority, enqueued_at) WITH (deduplicate_items='off') WHERE (state = 'queued'::pgqueue.job_state);
 
 -- The unstamped queued jobs by the moment they are due (revision 0060; before, every queued
 -- job): queue_depth's `due` (a job not due yet is never stamped: a stamp takes due jobs, and a
 -- change of run_at takes the key off), job_next_due and job_due_kinds_besides (the stamped
 -- jobs are due already: those read the lanes' heads, pgqueue.lane_tiers_stamped).
-CREATE INDEX jobs_queued_run_at_idx ON pgqueue.jobs USING btree (run_at) WHERE ((state = 'queued'::pgqueue.job_state) AND (key_round IS NULL));
+CREATE INDEX jobs_queued_run_at_idx ON pgqueue.jobs USING btree (run_at) WITH (deduplicate_items='off') WHERE ((state = 'queued'::pgqueue.job_state) AND (key_round IS NULL));
 
 -- The unstamped queued jobs of a tenant (revision 0060; before, jobs_queued_tenant_head_idx of
 -- every queued job): with jobs_claim_idx for its stamped ones (a few DRR rounds' worth), what
 -- pgqueue.cancel_queued and pgqueue.demotion_check's demote_queued_jobs change. tenant_list
 -- counts a tenant's queued jobs from the counters (queue_counts).
-CREATE INDEX jobs_unstamped_tenant_idx ON pgqueue.jobs USING btree (tenant_id, priority) WHERE ((state = 'queued'::pgqueue.job_state) AND (key_round IS NULL));
+CREATE INDEX jobs_unstamped_tenant_idx ON pgqueue.jobs USING btree (tenant_id, priority) WITH (deduplicate_items='off') WHERE ((state = 'queued'::pgqueue.job_state) AND (key_round IS NULL));
 
 -- The running jobs: rescue by expired lease (job_rescue), queue_depth's running, and the
 -- running jobs served in a window (pgqueue.jobs_started_since).
-CREATE INDEX jobs_running_lease_idx ON pgqueue.jobs USING btree (lease_expires_at) WHERE (state = 'running'::pgqueue.job_state);
+CREATE INDEX jobs_running_lease_idx ON pgqueue.jobs USING btree (lease_expires_at) WITH (deduplicate_items='off') WHERE (state = 'running'::pgqueue.job_state);
 
 -- The jobs that were started and then queued again, failed or were cancelled, by when they
 -- last started (revision 0060; before, every started job: the claim and the completion each
 -- wrote an entry): with jobs_running_lease_idx and jobs_finished_at_idx, the jobs served in a
 -- window (pgqueue.jobs_started_since: tenant_service, fairness).
-CREATE INDEX jobs_started_at_idx ON pgqueue.jobs USING btree (started_at) WHERE ((started_at IS NOT NULL) AND (state = ANY (ARRAY['queued'::pgqueue.job_state, 'failed'::pgqueue.job_state, 'cancelled'::pgqueue.job_state])));
+CREATE INDEX jobs_started_at_idx ON pgqueue.jobs USING btree (started_at) WITH (deduplicate_items='off') WHERE ((started_at IS NOT NULL) AND (state = ANY (ARRAY['queued'::pgqueue.job_state, 'failed'::pgqueue.job_state, 'cancelled'::pgqueue.job_state])));
 
 -- The scheduler (070_scheduler.sql, docs/drr.md). A queued job's key (key_round, key_place,
 -- key_seq) is its place in its lane and tier's DRR order, NULL until a fold stamps it; a
 -- claim keeps it on the job. The claim reads one index range per lane and tier in key order;
 -- the stamper finds the unstamped jobs per tenant (FIFO) and by the moment they became due.
-CREATE INDEX jobs_claim_idx ON pgqueue.jobs USING btree (lane, priority, key_round, key_place, key_seq) WHERE ((state = 'queued'::pgqueue.job_state) AND (key_round IS NOT NULL));
+CREATE INDEX jobs_claim_idx ON pgqueue.jobs USING btree (lane, priority, key_round, key_place, key_seq) WITH (deduplicate_items='off') WHERE ((state = 'queued'::pgqueue.job_state) AND (key_round IS NOT NULL));
 
-CREATE INDEX jobs_unstamped_idx ON pgqueue.jobs USING btree (lane, priority, tenant_id, run_at, id) WHERE ((state = 'queued'::pgqueue.job_state) AND (key_round IS NULL));
+CREATE INDEX jobs_unstamped_idx ON pgqueue.jobs USING btree (lane, priority, tenant_id, run_at, id) WITH (deduplicate_items='off') WHERE ((state = 'queued'::pgqueue.job_state) AND (key_round IS NULL));
 
-CREATE INDEX jobs_unstamped_due_idx ON pgqueue.jobs USING btree (lane, priority, run_at, tenant_id) WHERE ((state = 'queued'::pgqueue.job_state) AND (key_round IS NULL));
+CREATE INDEX jobs_unstamped_due_idx ON pgqueue.jobs USING btree (lane, priority, run_at, tenant_id) WITH (deduplicate_items='off') WHERE ((state = 'queued'::pgqueue.job_state) AND (key_round IS NULL));
 
 -- One row per lane and tier, written only by the holder of its stamping lock: the last
 -- key_seq handed out, the frontier (claims stay at or below it: the smallest key after which
