@@ -80,7 +80,8 @@ class Settings(BaseSettings):
         gt=0,
         description=(
             "How often one worker vacuums the scheduler's small, hot tables (lane_tiers, "
-            "flows, cursors, counters, rate limits); None: leave them to autovacuum."
+            "flows, cursors, counters, rate limits), and how workers look every second "
+            "whether pgqueue.jobs needs an ANALYZE; None: leave both to autovacuum."
         ),
     )
     prepare_threshold: int | None = Field(

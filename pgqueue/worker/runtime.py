@@ -50,6 +50,11 @@ __all__ = ["UNRECORDED", "Worker", "WorkerStats", "builtin_registry", "default_w
 
 log = logging.getLogger("pgqueue.worker")
 
+#: How often (seconds) a worker looks whether ``pgqueue.jobs`` needs an ANALYZE (a queue
+#: filled since the last one: the claim's generic plans, made without statistics, read whole
+#: indexes until then; ``upkeep.analyze_jobs_if_stale``).
+ANALYZE_CHECK_SECONDS = 1.0
+
 
 def builtin_registry(settings: Settings) -> Registry:
     """The handlers every worker has: ``anthropic.messages`` and ``pgqueue.noop``."""
@@ -234,6 +239,12 @@ class Worker(Producer):
             background.append(
                 asyncio.create_task(
                     upkeep.vacuum_loop(self._pool, vacuum_every, self._rng), name="pgqueue-vacuum"
+                )
+            )
+            background.append(
+                asyncio.create_task(
+                    upkeep.analyze_loop(self._pool, ANALYZE_CHECK_SECONDS, self._rng),
+                    name="pgqueue-analyze",
                 )
             )
         poller = start_poller(self._pool, self.settings, self.worker_id, self._rng, self._stop)

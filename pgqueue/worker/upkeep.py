@@ -75,6 +75,42 @@ async def compact_loop(pool: Pool, interval: float, rng: random.Random) -> None:
     await _every(interval, rng, step)
 
 
+async def analyze_jobs_if_stale(pool: Pool) -> str:
+    """``ANALYZE pgqueue.jobs`` when its planner statistics are missing or describe a table of
+    another size (``jobs_analyze_due``: more rows written since its last ANALYZE than it
+    counted then, plus 1,000), which autovacuum would fix only at its next round.
+
+    Returns ``"analyzed"``, ``"not due"``, ``"not allowed"`` (this role may not analyze it) or
+    ``"failed"`` (a database error, logged). The claim's statements run generic plans made
+    once a session; made without statistics they read whole indexes (a claim of 10 took
+    6.9 ms instead of 1.6 ms with 10,000 jobs just enqueued), until the next ANALYZE.
+    """
+    try:
+        async with pool.connection() as conn:
+            row = await queries.arun(conn, "jobs_analyze_due", {})
+            if row is None or not row["allowed"]:
+                return "not allowed"
+            if not row["due"]:
+                return "not due"
+            await queries.arun(conn, "jobs_analyze", prepare=False)
+    except psycopg.Error as exc:
+        log.warning("ANALYZE of pgqueue.jobs failed (%s); will retry", exc)
+        return "failed"
+    return "analyzed"
+
+
+async def analyze_loop(pool: Pool, interval: float, rng: random.Random) -> None:
+    """:func:`analyze_jobs_if_stale` at once and every ``interval`` seconds (a cheap look at
+    the table's counters; an ANALYZE only when due); returns if this role may not analyze."""
+    if await analyze_jobs_if_stale(pool) == "not allowed":
+        return
+
+    async def step() -> bool:
+        return await analyze_jobs_if_stale(pool) != "not allowed"
+
+    await _every(interval, rng, step)
+
+
 async def vacuum_loop(pool: Pool, interval: float, rng: random.Random) -> None:
     """:func:`vacuum_hot_tables` every ``interval`` seconds, unless someone did within ~that;
     returns, with one warning, if this role may not vacuum them."""
