@@ -20,26 +20,38 @@ down_revision = "0060"
 branch_labels = None
 depends_on = None
 
-INDEXES = (
-    "jobs_pkey",
-    "jobs_dedupe_live_idx",
-    "jobs_finished_at_idx",
-    "jobs_queued_enqueued_idx",
-    "jobs_queued_run_at_idx",
-    "jobs_unstamped_tenant_idx",
-    "jobs_running_lease_idx",
-    "jobs_started_at_idx",
-    "jobs_claim_idx",
-    "jobs_unstamped_idx",
-    "jobs_unstamped_due_idx",
-)
+UP = r"""
+ALTER INDEX pgqueue.jobs_pkey SET (deduplicate_items = off);
+ALTER INDEX pgqueue.jobs_dedupe_live_idx SET (deduplicate_items = off);
+ALTER INDEX pgqueue.jobs_finished_at_idx SET (deduplicate_items = off);
+ALTER INDEX pgqueue.jobs_queued_enqueued_idx SET (deduplicate_items = off);
+ALTER INDEX pgqueue.jobs_queued_run_at_idx SET (deduplicate_items = off);
+ALTER INDEX pgqueue.jobs_unstamped_tenant_idx SET (deduplicate_items = off);
+ALTER INDEX pgqueue.jobs_running_lease_idx SET (deduplicate_items = off);
+ALTER INDEX pgqueue.jobs_started_at_idx SET (deduplicate_items = off);
+ALTER INDEX pgqueue.jobs_claim_idx SET (deduplicate_items = off);
+ALTER INDEX pgqueue.jobs_unstamped_idx SET (deduplicate_items = off);
+ALTER INDEX pgqueue.jobs_unstamped_due_idx SET (deduplicate_items = off);
+"""
+
+DOWN = r"""
+ALTER INDEX pgqueue.jobs_pkey RESET (deduplicate_items);
+ALTER INDEX pgqueue.jobs_dedupe_live_idx RESET (deduplicate_items);
+ALTER INDEX pgqueue.jobs_finished_at_idx RESET (deduplicate_items);
+ALTER INDEX pgqueue.jobs_queued_enqueued_idx RESET (deduplicate_items);
+ALTER INDEX pgqueue.jobs_queued_run_at_idx RESET (deduplicate_items);
+ALTER INDEX pgqueue.jobs_unstamped_tenant_idx RESET (deduplicate_items);
+ALTER INDEX pgqueue.jobs_running_lease_idx RESET (deduplicate_items);
+ALTER INDEX pgqueue.jobs_started_at_idx RESET (deduplicate_items);
+ALTER INDEX pgqueue.jobs_claim_idx RESET (deduplicate_items);
+ALTER INDEX pgqueue.jobs_unstamped_idx RESET (deduplicate_items);
+ALTER INDEX pgqueue.jobs_unstamped_due_idx RESET (deduplicate_items);
+"""
 
 
 def upgrade() -> None:
-    for name in INDEXES:
-        op.execute(f"ALTER INDEX pgqueue.{name} SET (deduplicate_items = off)")
+    op.execute(UP)
 
 
 def downgrade() -> None:
-    for name in INDEXES:
-        op.execute(f"ALTER INDEX pgqueue.{name} RESET (deduplicate_items)")
+    op.execute(DOWN)
