@@ -64,7 +64,7 @@ def _load(dsn: str) -> None:
         conn.commit()
         conn.execute("SELECT id FROM pgqueue.claim(8, 'worker-1', 600)").fetchall()
         conn.commit()
-        conn.execute("SELECT pgqueue.fold(u.lane, u.tier) FROM pgqueue.lane_tiers_unstamped() u")
+        conn.execute("SELECT pgqueue.fold(u.lane, u.tier) FROM pgqueue.lane_tiers_due() u")
         conn.commit()
 
 

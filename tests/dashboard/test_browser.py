@@ -93,7 +93,7 @@ def test_overview_shows_depth_in_three_tiers_and_refreshes(
     assert "acme" in _text(browser, "#tenants")
     screenshot(browser, "tenants")
     with psycopg.connect(db_dsn, autocommit=True) as conn:  # a claim's fold stamps them
-        conn.execute("SELECT pgqueue.fold(u.lane, u.tier) FROM pgqueue.lane_tiers_unstamped() u")
+        conn.execute("SELECT pgqueue.fold(u.lane, u.tier) FROM pgqueue.lane_tiers_due() u")
     browser.get(board + "/schedule")
     [headers] = _cells(browser, "#schedule thead tr", "th")
     rows = _cells(browser, "#schedule tbody tr")

@@ -20,7 +20,7 @@ ALL_DUE = [
 def _stamp(dsn: str) -> None:
     """What every claim does first: fold each lane and tier with unstamped due jobs."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT pgqueue.fold(u.lane, u.tier) FROM pgqueue.lane_tiers_unstamped() u")
+        conn.execute("SELECT pgqueue.fold(u.lane, u.tier) FROM pgqueue.lane_tiers_due() u")
 
 
 def test_before_any_claim_the_schedule_names_the_lanes_waiting_for_keys(

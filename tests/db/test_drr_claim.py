@@ -360,6 +360,23 @@ def test_future_jobs_do_not_block_a_tenant_or_the_queue(conn):
     assert [d.tenant_id for d in claim(conn, 10)] == ["z", "z"]
 
 
+def test_lane_tiers_due_gives_each_pairs_latest_due_run_at(conn):
+    """lane_tiers_due probes from the end of each lane and tier's unstamped jobs: where the
+    last one is not due yet, the latest due one (a second probe); a pair with none due is
+    left out."""
+    add_jobs(conn, [(C, "a", 1.0)], run_at_offset_seconds=-60)
+    add_jobs(conn, [(C, "b", 1.0)], run_at_offset_seconds=-30)
+    add_jobs(conn, [(C, "a", 1.0)], run_at_offset_seconds=3600)
+    add_jobs(conn, [(S, "a", 1.0)], run_at_offset_seconds=-10)
+    add_jobs(conn, [(B, "a", 1.0)], run_at_offset_seconds=3600)
+    rows = conn.execute(
+        "SELECT u.tier::text, u.due_at = (SELECT max(j.run_at) FROM pgqueue.jobs j"
+        "  WHERE j.priority = u.tier AND j.run_at <= now())"
+        " FROM pgqueue.lane_tiers_due() u ORDER BY u.tier"
+    ).fetchall()
+    assert rows == [("critical", True), ("standard", True)]
+
+
 def test_requeued_job_is_claimed_again(conn):
     (job_id,) = add_jobs(conn, [(S, "a", 1.0)])
     row = queries.run(

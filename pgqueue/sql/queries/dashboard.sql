@@ -97,7 +97,7 @@ SELECT * FROM pgqueue.claim_order LIMIT %(limit)s
 -- The lanes and tiers with due jobs that have no key yet (claims stamp them; a skip scan, one
 -- probe per lane and tier). The page only reads: a fold here, even rolled back, would hold
 -- the lane's stamping lock and its rows while the workers' folds skip it.
-SELECT u.lane, u.tier::text AS tier FROM pgqueue.lane_tiers_unstamped() u
+SELECT u.lane, u.tier::text AS tier FROM pgqueue.lane_tiers_due() u
 ORDER BY u.tier, u.lane
 
 -- name: job_list :many

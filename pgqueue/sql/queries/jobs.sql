@@ -6,8 +6,10 @@
 -- with FOR UPDATE SKIP LOCKED: claimers run side by side, with no scheduler lock between
 -- them (a rate-limited model's bucket row is the one row they share). Only due, queued jobs
 -- of kinds not in `skip_kinds` (this worker cannot run them), and only those the provider's
--- limits let through now (pgqueue.claim_admitted); a lane in cooldown or out of tokens holds
--- back no other lane. When the limiter stopped a lane and fewer than `limit` were claimed, a
+-- limits let through now (pgqueue.claim_admitted's claim, called here without that SQL
+-- function, which Postgres 15 plans again at every call and whose rows it copies once more:
+-- 1 to 4 percent of a claim and completion's instructions); a lane in cooldown or out of
+-- tokens holds back no other lane. When the limiter stopped a lane and fewer than `limit` were claimed, a
 -- last row with a NULL id carries blocked_seconds. `durable`: the claim's commit waits for
 -- its WAL flush (else the worker runs job_claim_durable before the handlers start).
 -- `to_batch`: the job goes to the batches lane (pgqueue.batches.lane parks it) instead of
@@ -23,7 +25,7 @@ SELECT (c.job).id, (c.job).tenant_id, (c.job).kind, (c.job).priority, (c.job).pa
        -- read after the claim ran (its rows are materialized first): whether its commit
        -- waits for the WAL flush (a claim that took from a model's buckets does not)
        current_setting('synchronous_commit') <> 'off' AS durable
-FROM pgqueue.claim_admitted(%(limit)s, %(worker_id)s, %(lease_seconds)s, %(skip_kinds)s) AS c
+FROM pgqueue.claim_lanes(%(limit)s, %(worker_id)s, %(lease_seconds)s, true, %(skip_kinds)s) AS c
 
 -- name: job_claim_durable :execrows
 -- Makes the claims this worker received durable before their handlers start, when the claim

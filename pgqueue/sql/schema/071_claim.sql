@@ -30,45 +30,52 @@ AS $$
                            CASE p_tier WHEN 'critical' THEN 70 WHEN 'standard' THEN 25 ELSE 5 END)
 $$;
 
--- The lanes and tiers with unstamped due jobs (skip scans: one probe per pair).
-CREATE OR REPLACE FUNCTION pgqueue.lane_tiers_unstamped()
-RETURNS TABLE(lane text, tier pgqueue.tier)
+-- The lanes and tiers with unstamped due jobs, and the latest due run_at of each: a skip scan
+-- from the end of jobs_unstamped_due_idx, one probe per pair (and one more where the pair's
+-- last job is not due yet; from the start, each probe stepped over the entries of the jobs
+-- stamped since, the oldest first). (As EXISTS, with no statistics on new rows yet, a hash
+-- semi join read every unstamped job: 450 ms a claim; without the ORDER BY, a Seq Scan.)
+CREATE OR REPLACE FUNCTION pgqueue.lane_tiers_due()
+RETURNS TABLE(lane text, tier pgqueue.tier, due_at timestamp with time zone)
 LANGUAGE sql STABLE
 AS $$
-    WITH RECURSIVE s(lane, tier) AS (
-        (SELECT j.lane, j.priority FROM pgqueue.jobs j
-         WHERE j.state = 'queued' AND j.key_round IS NULL ORDER BY j.lane, j.priority LIMIT 1)
+    WITH RECURSIVE s(lane, tier, run_at) AS (
+        (SELECT j.lane, j.priority, j.run_at FROM pgqueue.jobs j
+         WHERE j.state = 'queued' AND j.key_round IS NULL
+         ORDER BY j.lane DESC, j.priority DESC, j.run_at DESC LIMIT 1)
         UNION ALL
-        SELECT n.lane, n.priority FROM s, LATERAL (
-            SELECT j.lane, j.priority FROM pgqueue.jobs j
+        SELECT n.lane, n.priority, n.run_at FROM s, LATERAL (
+            SELECT j.lane, j.priority, j.run_at FROM pgqueue.jobs j
             WHERE j.state = 'queued' AND j.key_round IS NULL
-              AND (j.lane, j.priority) > (s.lane, s.tier)
-            ORDER BY j.lane, j.priority LIMIT 1) n
+              AND (j.lane, j.priority) < (s.lane, s.tier)
+            ORDER BY j.lane DESC, j.priority DESC, j.run_at DESC LIMIT 1) n
     )
-    SELECT s.lane, s.tier FROM s
-    CROSS JOIN LATERAL (  -- a probe of jobs_unstamped_due_idx per pair (as EXISTS, with no
-                          -- statistics on new rows yet, a hash semi join read every
-                          -- unstamped job: 450 ms a claim; without the ORDER BY, a Seq Scan)
-        SELECT FROM pgqueue.jobs j
-        WHERE j.lane = s.lane AND j.priority = s.tier AND j.state = 'queued'
-          AND j.key_round IS NULL AND j.run_at <= now()
-        ORDER BY j.run_at LIMIT 1) due
+    SELECT s.lane, s.tier, d.due_at FROM s
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN s.run_at <= now() THEN s.run_at
+                    ELSE (SELECT j.run_at FROM pgqueue.jobs j
+                          WHERE j.lane = s.lane AND j.priority = s.tier AND j.state = 'queued'
+                            AND j.key_round IS NULL AND j.run_at <= now()
+                          ORDER BY j.run_at DESC LIMIT 1) END AS due_at) d
+    WHERE d.due_at IS NOT NULL
 $$;
 
 -- The lanes and tiers a claim folds first: those with unstamped due jobs where a fold has
 -- work to do: no fold yet, jobs due since the last one (less the arrival margin of
--- pgqueue.stamp, for a job whose transaction began before that fold and committed after), stamped work within the frontier down
--- to less than half the horizon (pgqueue.stamp extends the flows it cut), or the fold's
--- once-a-second look at every tenant is due. Otherwise the claim takes what is stamped: a
--- fold on every claim cost more than the claim itself. A claim that reaches a frontier folds
--- that pair on the spot (claim_lanes).
+-- pgqueue.stamp, for a job whose transaction began before that fold and committed after),
+-- stamped work within the frontier down to less than half the horizon (pgqueue.stamp extends
+-- the flows it cut), or the fold's once-a-second look at every tenant is due. Otherwise the
+-- claim takes what is stamped: a fold on every claim cost more than the claim itself. A claim
+-- that reaches a frontier folds that pair on the spot (claim_lanes).
 CREATE OR REPLACE FUNCTION pgqueue.lane_tiers_to_fold()
 RETURNS TABLE(lane text, tier pgqueue.tier)
 LANGUAGE sql STABLE
 AS $$
-    SELECT u.lane, u.tier FROM pgqueue.lane_tiers_unstamped() u
+    SELECT u.lane, u.tier FROM pgqueue.lane_tiers_due() u
     LEFT JOIN pgqueue.lane_tiers l ON l.lane = u.lane AND l.tier = u.tier
     WHERE l.lane IS NULL OR l.full_at < now() - interval '1 second'
+       OR u.due_at >= l.folded_at - pgqueue.setting('stamp_arrival_margin', 0.1)
+                                    * interval '1 second'
        OR (l.frontier_round IS NOT NULL
            AND coalesce((SELECT j.key_round FROM pgqueue.jobs j
                          WHERE j.lane = u.lane AND j.priority = u.tier AND j.state = 'queued'
@@ -76,11 +83,6 @@ AS $$
                          ORDER BY j.key_round, j.key_place, j.key_seq LIMIT 1),
                         l.frontier_round)
                > l.frontier_round - pgqueue.setting('stamp_horizon_rounds', 4) / 2)
-       OR EXISTS (SELECT FROM pgqueue.jobs j
-                  WHERE j.lane = u.lane AND j.priority = u.tier AND j.state = 'queued'
-                    AND j.key_round IS NULL AND j.run_at <= now()
-                    AND j.run_at >= l.folded_at - pgqueue.setting('stamp_arrival_margin', 0.1)
-                                                  * interval '1 second')
 $$;
 
 -- The lanes and tiers with stamped jobs, and the head job of each in key order.
@@ -166,9 +168,9 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     policy constant text := pgqueue.tier_policy();
-    weights double precision[] := ARRAY(SELECT pgqueue.tier_weight(t) FROM unnest(tiers) t);
     slots integer[] := array_fill(0, ARRAY[cardinality(tiers)]);
-    total double precision := (SELECT sum(w) FROM unnest(weights) w);
+    weights double precision[] := '{}';
+    total double precision := 0;
     x double precision;
     i integer;
 BEGIN
@@ -176,6 +178,10 @@ BEGIN
         slots[1] := n;
         RETURN slots;
     END IF;
+    FOR k IN 1 .. cardinality(tiers) LOOP
+        weights[k] := pgqueue.tier_weight(tiers[k]);
+        total := total + weights[k];
+    END LOOP;
     FOR k IN 1 .. n LOOP
         i := 1;
         IF policy = 'weighted' THEN
@@ -316,12 +322,10 @@ BEGIN
         -- short at its frontier is folded and takes the rest of its slots, and what no tier
         -- could fill goes to the others in priority order (work-conserving).
         slots := pgqueue.tier_slots(lane.tiers, p_max - got);
-        FOR j IN SELECT * FROM pgqueue.claim_keyed(lane.lane, lane.tiers, slots, p_worker,
-                                                  p_lease) LOOP
-            job := j;
-            blocked_seconds := NULL;
+        FOR job IN SELECT * FROM pgqueue.claim_keyed(lane.lane, lane.tiers, slots, p_worker,
+                                                    p_lease) LOOP
             RETURN NEXT;
-            i := array_position(lane.tiers, j.priority);
+            i := array_position(lane.tiers, job.priority);
             slots[i] := slots[i] - 1;
             got := got + 1;
         END LOOP;
@@ -366,7 +370,8 @@ $$;
 -- only leaves its jobs queued, to be claimed again (every completion is fenced by the lease
 -- token), and the worker makes it durable before its handlers start (job_claim_durable).
 -- skip_kinds: kinds the caller cannot run (no handler, no API key); their lanes are left to
--- other workers, untouched (nothing taken from a model's buckets for them).
+-- other workers, untouched (nothing taken from a model's buckets for them). The worker's
+-- job_claim calls claim_lanes itself: this SQL function is planned again at every call.
 CREATE OR REPLACE FUNCTION pgqueue.claim_admitted(
     max_jobs integer,
     worker_id text,
