@@ -85,18 +85,14 @@ async def analyze_jobs_if_stale(pool: Pool) -> str:
     once a session; made without statistics they read whole indexes (a claim of 10 took
     6.9 ms instead of 1.6 ms with 10,000 jobs just enqueued), until the next ANALYZE.
     """
-    try:
-        async with pool.connection() as conn:
-            row = await queries.arun(conn, "jobs_analyze_due", {})
-            if row is None or not row["allowed"]:
-                return "not allowed"
-            if not row["due"]:
-                return "not due"
-            await queries.arun(conn, "jobs_analyze", prepare=False)
-    except psycopg.Error as exc:
-        log.warning("ANALYZE of pgqueue.jobs failed (%s); will retry", exc)
-        return "failed"
-    return "analyzed"
+    return await _maintain_if_due(
+        pool,
+        due="jobs_analyze_due",
+        params={},
+        command="jobs_analyze",
+        done="analyzed",
+        what="ANALYZE of pgqueue.jobs",
+    )
 
 
 async def analyze_loop(pool: Pool, interval: float, rng: random.Random) -> None:
@@ -139,17 +135,31 @@ async def vacuum_hot_tables(pool: Pool, unless_done_within_seconds: float = 0.0)
     them by index, and their dead rows would otherwise accumulate for up to
     ``autovacuum_naptime`` (see ``sql/queries/maintenance.sql``).
     """
+    return await _maintain_if_due(
+        pool,
+        due="hot_tables_vacuum_due",
+        params={"seconds": unless_done_within_seconds},
+        command="hot_tables_vacuum",
+        done="vacuumed",
+        what="vacuum of the hot tables",
+    )
+
+
+async def _maintain_if_due(
+    pool: Pool, *, due: str, params: dict[str, Any], command: str, done: str, what: str
+) -> str:
+    """Run the maintenance statement ``command`` (never prepared: VACUUM and ANALYZE cannot
+    be) when the named query ``due`` says ``due`` and ``allowed``; returns ``done``,
+    ``"not due"``, ``"not allowed"`` or ``"failed"`` (a database error, logged)."""
     try:
         async with pool.connection() as conn:
-            row = await queries.arun(
-                conn, "hot_tables_vacuum_due", {"seconds": unless_done_within_seconds}
-            )
+            row = await queries.arun(conn, due, params)
             if row is None or not row["allowed"]:
                 return "not allowed"
             if not row["due"]:
                 return "not due"
-            await queries.arun(conn, "hot_tables_vacuum", prepare=False)
+            await queries.arun(conn, command, prepare=False)
     except psycopg.Error as exc:
-        log.warning("vacuum of the hot tables failed (%s); will retry", exc)
+        log.warning("%s failed (%s); will retry", what, exc)
         return "failed"
-    return "vacuumed"
+    return done
