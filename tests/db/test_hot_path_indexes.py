@@ -47,7 +47,7 @@ def _stamped(conn: Conn, tenant: str) -> tuple[int, int]:
 
 
 def _fold(conn: Conn) -> None:
-    conn.execute("SELECT pgqueue.fold(u.lane, u.tier) FROM pgqueue.lane_tiers_unstamped() u")
+    conn.execute("SELECT pgqueue.fold(u.lane, u.tier) FROM pgqueue.lane_tiers_due() u")
 
 
 def test_cancel_queued_takes_the_stamped_jobs_too(auto: Conn) -> None:
