@@ -40,10 +40,11 @@ BEGIN
     -- Workers: claim, complete, heartbeat, rescue, limiter, demotion: all DML in the schema.
     GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA pgqueue TO pgqueue_worker;
     GRANT USAGE ON ALL SEQUENCES IN SCHEMA pgqueue TO pgqueue_worker;
-    -- Workers vacuum the claim's small, hot tables (maintenance.sql): Postgres 17 and newer
-    -- have a privilege for it; before that only the tables' owner can.
+    -- Workers vacuum the claim's small, hot tables and analyze pgqueue.jobs when its
+    -- statistics are stale (maintenance.sql): Postgres 17 and newer have a privilege for it;
+    -- before that only the tables' owner can.
     IF current_setting('server_version_num')::int >= 170000 THEN
-        EXECUTE 'GRANT MAINTAIN ON pgqueue.lane_tiers, pgqueue.flows, pgqueue.cursors, pgqueue.queue_counts, pgqueue.rate_limits TO pgqueue_worker';
+        EXECUTE 'GRANT MAINTAIN ON pgqueue.lane_tiers, pgqueue.flows, pgqueue.cursors, pgqueue.queue_counts, pgqueue.rate_limits, pgqueue.jobs TO pgqueue_worker';
     END IF;
     GRANT ALL ON ALL TABLES IN SCHEMA pgqueue TO pgqueue_admin;
     -- Which tenant a role acts for is the admins' to say: workers only read it.

@@ -217,28 +217,30 @@ BEGIN
     -- ones (a few DRR rounds' worth of every backlogged tenant) by jobs_claim_idx (revision
     -- 0060: no index holds every queued job by tenant, as every stamp would write an entry in
     -- it); `IS TRUE` keeps the planner off jobs_pkey, whose second column is tenant_id (a
-    -- scan of all of it). Then locked by row, each checked again at its newest version (a job
-    -- stamped meanwhile is one of them still).
+    -- scan of all of it). Then locked by a join on the primary key, each row checked again at
+    -- its newest version (a job stamped meanwhile is one of them still): a row's check is its
+    -- own join, not a search of every id found (as `ctid = ANY (...)` was, once per row that
+    -- workers changed meanwhile: a tester's cancel of 60,000 jobs under three workers took
+    -- 2-5 minutes instead of 1 s, holding claimed rows until their completions timed out).
     WITH queued AS (
-        SELECT j.ctid AS row_id
+        SELECT j.id
         FROM pgqueue.jobs j
         WHERE j.tenant_id = cancel_queued.tenant_id
           AND j.state = 'queued' AND j.key_round IS NULL
           AND (cancel_queued.tier IS NULL OR j.priority = cancel_queued.tier)
         UNION ALL
-        SELECT j.ctid
+        SELECT j.id
         FROM pgqueue.jobs j
         WHERE (j.tenant_id = cancel_queued.tenant_id) IS TRUE
           AND j.state = 'queued' AND j.key_round IS NOT NULL
           AND (cancel_queued.tier IS NULL OR j.priority = cancel_queued.tier)
     ), doomed AS (
         SELECT j.ctid AS row_id
-        FROM pgqueue.jobs j
-        WHERE j.ctid = ANY (ARRAY(SELECT q.row_id FROM queued q))
-          AND j.tenant_id = cancel_queued.tenant_id
-          AND j.state = 'queued'
+        FROM queued q
+        JOIN pgqueue.jobs j ON j.id = q.id AND j.tenant_id = cancel_queued.tenant_id
+        WHERE j.state = 'queued'
           AND (cancel_queued.tier IS NULL OR j.priority = cancel_queued.tier)
-        FOR UPDATE SKIP LOCKED
+        FOR UPDATE OF j SKIP LOCKED
     )
     UPDATE pgqueue.jobs j
     SET state = 'cancelled',

@@ -78,17 +78,18 @@ BEGIN
     THEN
         -- the unstamped jobs by jobs_unstamped_tenant_idx, the stamped ones by jobs_claim_idx
         -- (revision 0060; `IS TRUE`: not a scan of all of jobs_pkey, as in
-        -- pgqueue.cancel_queued), each checked again at its newest version
+        -- pgqueue.cancel_queued), joined by the primary key so that each row workers changed
+        -- meanwhile is checked again at its newest version by its own join (revision 0063)
         UPDATE pgqueue.jobs j SET priority = 'batch'
-        WHERE j.ctid = ANY (ARRAY(
-                  SELECT x.ctid FROM pgqueue.jobs x
-                  WHERE x.tenant_id = p_tenant AND x.state = 'queued' AND x.key_round IS NULL
-                    AND x.priority = 'standard'
-                  UNION ALL
-                  SELECT x.ctid FROM pgqueue.jobs x
-                  WHERE (x.tenant_id = p_tenant) IS TRUE AND x.state = 'queued'
-                    AND x.key_round IS NOT NULL AND x.priority = 'standard'))
-          AND j.tenant_id = p_tenant AND j.state = 'queued' AND j.priority = 'standard';
+        FROM (SELECT x.id FROM pgqueue.jobs x
+              WHERE x.tenant_id = p_tenant AND x.state = 'queued' AND x.key_round IS NULL
+                AND x.priority = 'standard'
+              UNION ALL
+              SELECT x.id FROM pgqueue.jobs x
+              WHERE (x.tenant_id = p_tenant) IS TRUE AND x.state = 'queued'
+                AND x.key_round IS NOT NULL AND x.priority = 'standard') q
+        WHERE j.id = q.id AND j.tenant_id = p_tenant AND j.state = 'queued'
+          AND j.priority = 'standard';
     END IF;
     RETURN why;
 END
