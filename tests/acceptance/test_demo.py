@@ -210,7 +210,9 @@ def test_ctrl_c_stops_the_demo_in_one_line(server_dsn, tmp_path, after_line, del
     run, code, seconds = _interrupt_demo(server_dsn, tmp_path, after_line, delay, twice)
     err = run.stderr()
     assert code == 130, err
-    assert err.splitlines()[-1] == "interrupted: dropped the demo databases", err
+    # "interrupted" alone: the Ctrl-C came before the first database was named, so there was
+    # none to drop (seen under load at the first phase: the line is printed just before)
+    assert err.splitlines()[-1] in ("interrupted: dropped the demo databases", "interrupted"), err
     assert "Traceback" not in err and "could not record" not in err, err
     assert seconds < 15, err
 
