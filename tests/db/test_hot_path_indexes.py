@@ -137,15 +137,7 @@ def test_cancel_queued_reads_no_finished_job(auto: Conn) -> None:
         "        now() - interval '2 days', now() - interval '2 days'"
         " FROM generate_series(1, 20000) g"
     )
-    _enqueue(auto, "a", 40)
-    for k in range(20):
-        _enqueue(auto, f"other{k}", 100)
-    _fold(auto)
-    assert _stamped(auto, "a")[0] > 0
-    auto.execute("VACUUM ANALYZE pgqueue.jobs")
-    plans: list[str] = []
-    _load_auto_explain(auto)
-    _log_plans(auto, plans)
+    plans = _stamped_backlog_explained(auto, others=20)
     assert pgqueue.cancel_queued(auto, "a") == 40
     text = "\n".join(plans)
     assert "jobs_unstamped_tenant_idx" in text and "jobs_claim_idx" in text, text
@@ -156,6 +148,22 @@ def test_cancel_queued_reads_no_finished_job(auto: Conn) -> None:
     # searched the whole list (a tester: 60,000 jobs cancelled in 1-5 min, not 1 s; revision
     # 0063). The one `ctid = ANY` left is the update of the rows this statement locked.
     assert text.count("TID Cond: (ctid = ANY") == 1, text
+
+
+def _stamped_backlog_explained(auto: Conn, others: int) -> list[str]:
+    """40 queued jobs of tenant 'a' (some stamped) beside 100 each of ``others`` tenants,
+    analyzed; from now on the plans of this session's statements are logged into the list
+    returned (auto_explain)."""
+    _enqueue(auto, "a", 40)
+    for k in range(others):
+        _enqueue(auto, f"other{k}", 100)
+    _fold(auto)
+    assert _stamped(auto, "a")[0] > 0
+    auto.execute("VACUUM ANALYZE pgqueue.jobs")
+    plans: list[str] = []
+    _load_auto_explain(auto)
+    _log_plans(auto, plans)
+    return plans
 
 
 def _assert_pkey_only_probed_by_id(text: str) -> None:
@@ -174,15 +182,7 @@ def test_demoting_queued_jobs_locks_them_by_a_join(auto: Conn) -> None:
     auto.execute("SET pgqueue.stamp_horizon_rounds = 1")
     auto.execute("SET pgqueue.demote_queued_jobs = on")
     auto.execute("SET pgqueue.demotion_throttle_threshold = 1")
-    _enqueue(auto, "a", 40)
-    for k in range(5):
-        _enqueue(auto, f"other{k}", 100)
-    _fold(auto)
-    assert _stamped(auto, "a")[0] > 0
-    auto.execute("VACUUM ANALYZE pgqueue.jobs")
-    plans: list[str] = []
-    _load_auto_explain(auto)
-    _log_plans(auto, plans)
+    plans = _stamped_backlog_explained(auto, others=5)
     auto.execute("INSERT INTO pgqueue.throttle_events (tenant_id, status_code) VALUES ('a', 429)")
     tiers = auto.execute(
         "SELECT priority::text, count(*) FROM pgqueue.jobs"
