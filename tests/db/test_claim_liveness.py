@@ -197,3 +197,26 @@ async def test_a_worker_started_on_an_empty_queue_takes_jobs_that_arrive(
     assert len(waits) == 3
     if not listen:
         assert max(w["wait"] for w in waits) <= poll * 1.2 + 1.0, waits
+
+
+@pytest.mark.parametrize("held_by", ["cancel", "row lock"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_tenants_jobs_held_open_by_another_transaction_hold_back_no_other_tenant(
+    roomy: str, kind: str, held_by: str
+) -> None:
+    """Found by a tester: a ``cancel_queued`` of tenant x held open in a transaction stopped
+    the workers for every tenant: the claim's fold stamped x's unstamped jobs too and waited
+    for their rows. The fold leaves rows another transaction holds unstamped now (they are
+    stamped at a later fold if they are still queued then)."""
+    _enqueue(roomy, [_spec(t, kind) for t in ["x"] * 5 + ["y"] * 5])
+    with psycopg.connect(roomy) as holder:
+        if held_by == "cancel":
+            holder.execute("SELECT pgqueue.cancel_queued('x')")
+        else:
+            holder.execute("SELECT 1 FROM pgqueue.jobs WHERE tenant_id = 'x' FOR UPDATE")
+        with _impatient(roomy) as conn:
+            claimed = _claim(conn, 10)
+        assert sorted(r["tenant_id"] for r in claimed) == ["y"] * 5
+        holder.rollback()
+    with _impatient(roomy) as conn:  # released: x's jobs are claimed in their turn
+        assert sorted(r["tenant_id"] for r in _claim(conn, 10)) == ["x"] * 5

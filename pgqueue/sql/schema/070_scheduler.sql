@@ -134,7 +134,11 @@ BEGIN
                CASE WHEN fi.continuing THEN fi.last_seq ELSE 0 END AS s0
         FROM flows_in fi LEFT JOIN joiners jn USING (tenant_id) CROSS JOIN pred
     ), fetched AS (   -- each flow's next due jobs: a job costs >= 1000 units, so one more
-                      -- than can fall within the horizon (a row left over: the flow is cut)
+                      -- than can fall within the horizon (a row left over: the flow is cut);
+                      -- locked, and a row another transaction holds (a cancel, a user's
+                      -- UPDATE left open) is left unstamped, not waited for: waiting, the
+                      -- claim stopped every tenant's work (a tester); it is stamped at a
+                      -- later fold if it is still queued then
         SELECT s.*, j.id, j.cost, count(*) OVER (PARTITION BY s.tenant_id) AS n_fetched,
                row_number() OVER w AS k, (sum(j.cost) OVER w)::bigint AS cum
         FROM starts s CROSS JOIN LATERAL (
@@ -145,7 +149,8 @@ BEGIN
             ORDER BY j.run_at, j.id
             LIMIT CASE WHEN s.whole
                        THEN greatest(2, (p_horizon + 1 + base - s.r0) * s.q / 1000 + 1)
-                       ELSE 2 END) j
+                       ELSE 2 END
+            FOR NO KEY UPDATE OF j SKIP LOCKED) j
         WINDOW w AS (PARTITION BY s.tenant_id ORDER BY j.run_at, j.id)
     ), kept AS (
         SELECT f.*, r.rnd,
