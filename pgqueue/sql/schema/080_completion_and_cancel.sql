@@ -174,6 +174,28 @@ BEGIN
 END
 $$;
 
+-- The ids of a tenant's queued jobs, of one tier (p_tier) or all (NULL), as they stand in this
+-- statement's snapshot: the unstamped ones by jobs_unstamped_tenant_idx, the stamped ones (a
+-- few DRR rounds' worth of every backlogged tenant) by jobs_claim_idx (revision 0060: no index
+-- holds every queued job by tenant, as every stamp would write an entry in it). `IS TRUE`
+-- keeps the planner off jobs_pkey, whose second column is tenant_id (a scan of all of it).
+-- Callers join the rows back by the primary key, so that each row changed meanwhile is
+-- checked again at its newest version by its own join (revision 0063; by `ctid = ANY (list)`
+-- that check searched the whole list: a tester's cancel of 60,000 jobs under three workers
+-- took 2-5 minutes instead of 1 s). pgqueue.cancel_queued, pgqueue.demotion_check.
+CREATE OR REPLACE FUNCTION pgqueue.tenant_queued_ids(p_tenant text, p_tier pgqueue.tier)
+RETURNS SETOF bigint
+LANGUAGE sql STABLE
+AS $$
+    SELECT j.id FROM pgqueue.jobs j
+    WHERE j.tenant_id = p_tenant AND j.state = 'queued' AND j.key_round IS NULL
+      AND (p_tier IS NULL OR j.priority = p_tier)
+    UNION ALL
+    SELECT j.id FROM pgqueue.jobs j
+    WHERE (j.tenant_id = p_tenant) IS TRUE AND j.state = 'queued' AND j.key_round IS NOT NULL
+      AND (p_tier IS NULL OR j.priority = p_tier)
+$$;
+
 -- Cancel the queued jobs of a tenant, of one tier or all (rules in the body's comments).
 CREATE OR REPLACE FUNCTION pgqueue.cancel_queued(tenant_id text, tier pgqueue.tier DEFAULT NULL,
                                                  reason text DEFAULT NULL)
@@ -213,30 +235,12 @@ BEGIN
         RAISE EXCEPTION 'this session may only cancel jobs of tenant %', quote_literal(scope)
             USING ERRCODE = 'insufficient_privilege';
     END IF;
-    -- The tenant's queued jobs: the unstamped ones by jobs_unstamped_tenant_idx, the stamped
-    -- ones (a few DRR rounds' worth of every backlogged tenant) by jobs_claim_idx (revision
-    -- 0060: no index holds every queued job by tenant, as every stamp would write an entry in
-    -- it); `IS TRUE` keeps the planner off jobs_pkey, whose second column is tenant_id (a
-    -- scan of all of it). Then locked by a join on the primary key, each row checked again at
-    -- its newest version (a job stamped meanwhile is one of them still): a row's check is its
-    -- own join, not a search of every id found (as `ctid = ANY (...)` was, once per row that
-    -- workers changed meanwhile: a tester's cancel of 60,000 jobs under three workers took
-    -- 2-5 minutes instead of 1 s, holding claimed rows until their completions timed out).
-    WITH queued AS (
-        SELECT j.id
-        FROM pgqueue.jobs j
-        WHERE j.tenant_id = cancel_queued.tenant_id
-          AND j.state = 'queued' AND j.key_round IS NULL
-          AND (cancel_queued.tier IS NULL OR j.priority = cancel_queued.tier)
-        UNION ALL
-        SELECT j.id
-        FROM pgqueue.jobs j
-        WHERE (j.tenant_id = cancel_queued.tenant_id) IS TRUE
-          AND j.state = 'queued' AND j.key_round IS NOT NULL
-          AND (cancel_queued.tier IS NULL OR j.priority = cancel_queued.tier)
-    ), doomed AS (
+    -- The tenant's queued jobs (pgqueue.tenant_queued_ids), locked by a join on the primary
+    -- key, each row checked again at its newest version (a job stamped meanwhile is one of
+    -- them still).
+    WITH doomed AS (
         SELECT j.ctid AS row_id
-        FROM queued q
+        FROM pgqueue.tenant_queued_ids(cancel_queued.tenant_id, cancel_queued.tier) AS q(id)
         JOIN pgqueue.jobs j ON j.id = q.id AND j.tenant_id = cancel_queued.tenant_id
         WHERE j.state = 'queued'
           AND (cancel_queued.tier IS NULL OR j.priority = cancel_queued.tier)

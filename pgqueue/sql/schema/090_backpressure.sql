@@ -76,18 +76,10 @@ BEGIN
     VALUES (p_tenant, why, now() + make_interval(secs => duration));
     IF coalesce(current_setting('pgqueue.demote_queued_jobs', true), '') IN ('on', 'true', '1')
     THEN
-        -- the unstamped jobs by jobs_unstamped_tenant_idx, the stamped ones by jobs_claim_idx
-        -- (revision 0060; `IS TRUE`: not a scan of all of jobs_pkey, as in
-        -- pgqueue.cancel_queued), joined by the primary key so that each row workers changed
-        -- meanwhile is checked again at its newest version by its own join (revision 0063)
+        -- the tenant's queued standard jobs (pgqueue.tenant_queued_ids), joined back by the
+        -- primary key (each row changed meanwhile checked again by its own join)
         UPDATE pgqueue.jobs j SET priority = 'batch'
-        FROM (SELECT x.id FROM pgqueue.jobs x
-              WHERE x.tenant_id = p_tenant AND x.state = 'queued' AND x.key_round IS NULL
-                AND x.priority = 'standard'
-              UNION ALL
-              SELECT x.id FROM pgqueue.jobs x
-              WHERE (x.tenant_id = p_tenant) IS TRUE AND x.state = 'queued'
-                AND x.key_round IS NOT NULL AND x.priority = 'standard') q
+        FROM pgqueue.tenant_queued_ids(p_tenant, 'standard') AS q(id)
         WHERE j.id = q.id AND j.tenant_id = p_tenant AND j.state = 'queued'
           AND j.priority = 'standard';
     END IF;
