@@ -112,22 +112,20 @@ def _check_text(value: object, what: str, limit: int, error: type[Exception]) ->
 
 def check_tenant_id(tenant_id: object) -> str:
     """``tenant_id`` if it is a valid tenant id: a string of 1 to :data:`MAX_TENANT_ID_CHARS`
-    characters, without NUL, valid Unicode. A new job's tenant must also hold a character
-    other than white space (:func:`check_job`); this check, for looking tenants up, takes a
-    blank one still, whose jobs may have been enqueued before that rule.
+    characters, without NUL, valid Unicode, holding a character other than white space. Every
+    boundary that takes a tenant id applies it: enqueue (:func:`check_job`), and the lookups
+    and settings (`tenants set`, `jobs list --tenant`, `retry`, `cancel`, the dashboard), so a
+    blank tenant id is refused alike everywhere (found by a tester: `tenants set "  "` stored
+    a tenant that no job can have). ``pgqueue.validate_job`` refuses the same characters
+    (Python's ``isspace``).
 
     Raises:
-        InvalidTenant: not a string, empty, too long (the message gives its length and shows
-            its first :data:`SHOWN_CHARS` characters, then "…"), or a lone surrogate in it.
+        InvalidTenant: not a string, empty, white space only, too long (the message gives its
+            length and shows its first :data:`SHOWN_CHARS` characters, then "…"), or a lone
+            surrogate in it.
         NulCharacter: it holds U+0000.
     """
-    return _check_text(tenant_id, "tenant_id", MAX_TENANT_ID_CHARS, InvalidTenant)
-
-
-def _check_job_tenant(tenant_id: object) -> str:
-    """:func:`check_tenant_id`, and not white space only (found by a tester: tenant " " was
-    queued). ``pgqueue.validate_job`` refuses the same characters: Python's ``isspace``."""
-    tid = check_tenant_id(tenant_id)
+    tid = _check_text(tenant_id, "tenant_id", MAX_TENANT_ID_CHARS, InvalidTenant)
     if tid.isspace():
         raise InvalidTenant(
             f"tenant_id must hold a character other than white space, got {shown_text(tid)}"
@@ -427,7 +425,7 @@ def check_job(
     entry points report the same error for the same input.
     """
     text, size = _encode(payload)
-    tid = _check_job_tenant(tenant_id)
+    tid = check_tenant_id(tenant_id)
     parsed_origin = check_origin(origin)
     sla = check_sla(sla_seconds)
     kind_text = _check_text(kind, "kind", MAX_KIND_CHARS, InvalidKind)

@@ -1077,3 +1077,33 @@ def test_a_payload_file_whose_name_is_not_utf8_is_read(db_dsn, tmp_path):
     result = run("enqueue", "acme", "--payload", f"@{path}", "--dsn", db_dsn)
     assert result.exit_code == 0, result.stderr
     assert _jobs(db_dsn) == 1
+
+
+def test_a_blank_tenant_id_is_refused_by_every_command(db_dsn):
+    """Found by a tester: `tenants set "  "` stored a tenant, and `jobs list --tenant "  "`,
+    `retry`, `cancel --all-queued` and `batches on` took a blank tenant id that enqueue
+    refuses. Each now refuses it with enqueue's error and exit 2; nothing is stored."""
+    for tenant, says in (
+        ("", "InvalidTenant: tenant_id must be a string of 1 to 128 characters, got ''"),
+        ("  ", "InvalidTenant: tenant_id must hold a character other than white space, got '  '"),
+        ("\t\u3000", "InvalidTenant: tenant_id must hold a character other than white space"),
+    ):
+        for command in (
+            ["tenants", "set", tenant],
+            ["tenants", "set", tenant, "--plan", "pro"],
+            ["jobs", "list", "--tenant", tenant],
+            ["retry", "--tenant", tenant],
+            ["cancel", "--all-queued", "--tenant", tenant],
+            ["batches", "on", "--tenant", tenant],
+            ["enqueue", tenant, "--prompt", "x"],
+        ):
+            result = run(*command, "--dsn", db_dsn)
+            assert result.exit_code == 2, (command, result.stdout, result.stderr)
+            assert len(_lines(result)) == 1 and _lines(result)[0].startswith(says), (
+                command,
+                result.stderr,
+            )
+    with psycopg.connect(db_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM pgqueue.tenants").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM pgqueue.batch_lane").fetchone()[0] == 0
+    assert _jobs(db_dsn) == 0

@@ -196,8 +196,15 @@ def test_a_white_space_tenant_is_refused_alike_by_python_and_sql(conn):
         ).fetchone()[0]
         expected = errors.InvalidTenant if tenant.isspace() else None
         assert (py, sql, valid) == (expected, expected, expected is None), repr(tenant)
-    # Looking a tenant up still takes a blank one: its jobs may predate the rule.
-    assert check_tenant_id(" ") == " "
+    # Looking a tenant up refuses a blank one too (found by a tester: `tenants set "  "`
+    # stored one), in Python as from the command line.
+    for blank in ("  ", "\u3000"):
+        with pytest.raises(errors.InvalidTenant, match="other than white space"):
+            check_tenant_id(blank)
+        with pytest.raises(errors.InvalidTenant, match="other than white space"):
+            pgqueue.cancel_queued(conn, blank)
+        with pytest.raises(errors.InvalidTenant, match="other than white space"):
+            pgqueue.set_tenant_max_queued(conn, blank, 5)
 
 
 def test_empty_text_content_is_refused_alike_by_python_and_sql(conn):
