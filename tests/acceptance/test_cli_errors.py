@@ -1087,6 +1087,9 @@ def test_a_blank_tenant_id_is_refused_by_every_command(db_dsn):
         ("", "InvalidTenant: tenant_id must be a string of 1 to 128 characters, got ''"),
         ("  ", "InvalidTenant: tenant_id must hold a character other than white space, got '  '"),
         ("\t\u3000", "InvalidTenant: tenant_id must hold a character other than white space"),
+        # found by a tester: a zero-width space (and other characters that show nothing)
+        ("\u200b", "InvalidTenant: tenant_id must hold a visible character"),
+        ("\ufeff\x01", "InvalidTenant: tenant_id must hold a visible character"),
     ):
         for command in (
             ["tenants", "set", tenant],
