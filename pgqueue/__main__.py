@@ -4,9 +4,9 @@ Ctrl-C while the command line is still loading reported in one line.
 Found by a tester: Ctrl-C in the first second of a command (typer, rich, psycopg and the
 commands being imported) printed a ``KeyboardInterrupt`` traceback. It now prints
 "interrupted" and exits 130, as a Ctrl-C during a command does (typer's exit code; the demo
-prints "interrupted" too). What runs before this module, the import of the ``pgqueue``
-package itself (its ``__init__`` imports the enqueue API: psycopg, SQLAlchemy's ORM, pydantic),
-is outside its reach: a Ctrl-C there still ends in Python's traceback.
+prints "interrupted" too). The import of the ``pgqueue`` package itself comes before this
+module; the ``pgqueue`` command runs it from ``_pgqueue_launcher`` (outside the package), which
+catches a Ctrl-C there too; ``python -m pgqueue`` cannot.
 """
 
 from __future__ import annotations
