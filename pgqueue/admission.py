@@ -13,7 +13,7 @@ import psycopg
 from pgqueue.db import queries
 from pgqueue.errors import InvalidArgument, InvalidTenant, from_sqlstate
 from pgqueue.models import AdmissionPolicy, Tier
-from pgqueue.validation import _shown
+from pgqueue.validation import _shown, check_tenant_id
 
 #: The largest cap: the columns are bigint (a larger int would be sent as numeric, which
 #: pgqueue.admission_set does not take: "function ... does not exist").
@@ -84,8 +84,10 @@ def set_tenant_max_queued(
     """Give one tenant its own cap of queued jobs per tier (``None``: the tier's default).
 
     Raises:
-        InvalidArgument: a negative cap. InvalidTenant: no such tenant.
+        InvalidArgument: a negative cap. InvalidTenant: no such tenant, or a tenant id no
+            tenant can have (:func:`~pgqueue.validation.check_tenant_id`).
     """
+    check_tenant_id(tenant_id)
     _check_cap("max_queued", max_queued)
     updated = queries.run(
         conn, "tenant_set_max_queued", {"tenant_id": tenant_id, "max_queued": max_queued}

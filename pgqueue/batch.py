@@ -18,6 +18,7 @@ from pgqueue.validation import (
     MAX_TENANT_ID_CHARS,
     check_job,
     has_nul_escape,
+    is_invisible,
     is_utf8_encodable,
     messages_payload_ok,
 )
@@ -129,7 +130,7 @@ def check_batch(jobs: Sequence[JobSpec | Mapping[str, Any]], max_payload_bytes: 
             and 0 < len(tenant) <= MAX_TENANT_ID_CHARS
             and "\x00" not in tenant
             and is_utf8_encodable(tenant)
-            and not tenant.isspace()
+            and not is_invisible(tenant)
             and isinstance(origin, str)
             and origin in _ORIGIN_VALUES
             and (

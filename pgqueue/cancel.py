@@ -22,9 +22,9 @@ from pgqueue.enqueue import (
     _sync_conn,
     _translate,
 )
-from pgqueue.errors import InvalidArgument, InvalidTenant
+from pgqueue.errors import InvalidArgument
 from pgqueue.models import Tier
-from pgqueue.validation import MAX_TENANT_ID_CHARS, _check_text, _shown
+from pgqueue.validation import _check_text, _shown, check_tenant_id
 
 #: Longest cancellation reason, in characters (as ``pgqueue.cancel`` checks).
 MAX_REASON_CHARS = 1000
@@ -36,7 +36,7 @@ def _params(job_id: int, tenant_id: str | None, reason: str | None) -> dict[str,
     if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id <= _BIGINT_MAX:
         raise InvalidArgument(f"job_id must be an integer from 1 to 2^63-1, got {job_id!r}")
     if tenant_id is not None:
-        tenant_id = _check_text(tenant_id, "tenant_id", MAX_TENANT_ID_CHARS, InvalidTenant)
+        tenant_id = check_tenant_id(tenant_id)
     if reason is not None:
         reason = _check_text(reason, "reason", MAX_REASON_CHARS, InvalidArgument)
     return {"job_id": job_id, "tenant_id": tenant_id, "reason": reason}
@@ -165,7 +165,7 @@ def cancel_queued(
             producer session without one (the caller's transaction is aborted).
         SchemaOutOfDate: the database predates revision 0024 (run ``pgqueue migrate``).
     """
-    checked = _check_text(tenant_id, "tenant_id", MAX_TENANT_ID_CHARS, InvalidTenant)
+    checked = check_tenant_id(tenant_id)
     tier_value: str | None = None
     if tier is not None:
         try:

@@ -1,12 +1,14 @@
 """What one enqueue call does with admission control's verdicts: jobs stored or dropped stand,
 a refusal raises :class:`~pgqueue.errors.QueueFull`, and policy ``block`` waits for room with
-backoff, up to a timeout (never inside the caller's open transaction). Split out of
+backoff, up to a timeout (never inside the caller's open transaction), and says so once, at
+INFO on this module's logger (the `enqueue` command prints it). Split out of
 :mod:`pgqueue.enqueue`, which runs the statements; the rule itself is SQL
 (``pgqueue.admission_check``, ``docs/admission.md``).
 """
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -14,6 +16,8 @@ from typing import Any
 from pgqueue.errors import CannotBlockInTransaction, QueueFull
 from pgqueue.models import AdmissionPolicy
 from pgqueue.observability import metrics
+
+logger = logging.getLogger(__name__)
 
 #: First and longest pause between two tries of a blocked enqueue, seconds.
 _BLOCK_FIRST_PAUSE_SECONDS = 0.01
@@ -93,6 +97,16 @@ class EnqueueAdmission:
             self.started = now
             self.blocked_tier = tier
             metrics.ADMISSION_BLOCKED.labels(tier).inc()
+            # once per call: a silent wait of up to the timeout read as a hang (found by a
+            # tester, `pgqueue enqueue` into a full tier of policy block)
+            logger.info(
+                "waiting for room: %s%s %s (cap %s, policy block); giving up after %g s",
+                where,
+                subject,
+                held,
+                refused["cap"],
+                self.timeout_seconds,
+            )
         waited = now - self.started
         if waited >= self.timeout_seconds:
             metrics.ADMISSION_REJECTED.labels(tier, policy, refused["scope"]).inc()

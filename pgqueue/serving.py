@@ -1,8 +1,10 @@
-"""One way to run an ASGI app under uvicorn in a background thread, for tests, the demo and
-benchmarks: the sandbox's and the dashboard's ``running_*`` context managers share it."""
+"""Running an ASGI app under uvicorn: in the foreground until a signal (:func:`serve_until_stopped`,
+the `sandbox` and `dashboard` commands), or in a background thread for tests, the demo and
+benchmarks (:func:`serving_in_thread`, the sandbox's and the dashboard's ``running_*``)."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
@@ -10,6 +12,32 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import uvicorn
+
+
+def serve_until_stopped(server: uvicorn.Server) -> None:
+    """Run ``server`` in this (the main) thread until SIGTERM or Ctrl-C, then return once it
+    has shut down gracefully: a SIGTERM ends the process with exit 0, as a stopped server
+    does, and Ctrl-C with KeyboardInterrupt (the command line's 130).
+
+    uvicorn answers either signal by shutting down, then raises it again under the handler
+    that was there before it started (so that the process "dies of it"): for SIGTERM, the
+    default one killed the process, exit 143 (found by a tester, `pgqueue sandbox` under a
+    process supervisor). Here that handler is one that raises ``SystemExit(0)``, which also
+    stops a server that has not started yet.
+
+    Raises:
+        SystemExit: 0 after a SIGTERM; uvicorn's own when it cannot bind the address.
+        KeyboardInterrupt: after a Ctrl-C (SIGINT), once the server has shut down.
+    """
+
+    def terminated(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        server.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager

@@ -43,6 +43,20 @@ MAX_PAYLOAD_LEVELS = 512
 #: Control characters (C0, DEL, C1): refused in a dedupe key, an identifier a person reads and
 #: compares; they print as nothing or move the cursor.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: The characters that show nothing on their own, as a regular-expression class that Python's
+#: ``re`` and Postgres read alike: white space (``str.isspace``), controls (Cc; not U+0000),
+#: format characters (Cf: U+200B ZERO WIDTH SPACE, U+FEFF, the bidi marks), separators (Zs, Zl,
+#: Zp) and Unicode's Default_Ignorable_Code_Point (U+3164 HANGUL FILLER, variation selectors,
+#: tags), as of Unicode 14 (Python 3.11). A tenant id made of these only is refused (found by a
+#: tester: U+200B was queued). ``pgqueue.validate_job`` and ``pgqueue.job_is_valid``
+#: (030_validation.sql) hold this text; tests/unit/test_validation.py compares them.
+INVISIBLE_CLASS = (
+    r"\u0001-\u0020\u007f-\u00a0\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891"
+    r"\u08e2\u115f-\u1160\u1680\u17b4-\u17b5\u180b-\u180f\u2000-\u200f\u2028-\u202f"
+    r"\u205f-\u206f\u3000\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb\U000110bd\U000110cd"
+    r"\U00013430-\U00013438\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff"
+)
+_INVISIBLE_ONLY = re.compile(f"[{INVISIBLE_CLASS}]+")
 #: The ``run_at`` range the CHECK constraint ``jobs_run_at_range`` holds (UTC; a day's margin
 #: inside years 0001-9999, for time zones): ``RUN_AT_MIN <= run_at < RUN_AT_MAX``.
 RUN_AT_MIN = datetime(1, 1, 2, tzinfo=UTC)
@@ -112,27 +126,37 @@ def _check_text(value: object, what: str, limit: int, error: type[Exception]) ->
 
 def check_tenant_id(tenant_id: object) -> str:
     """``tenant_id`` if it is a valid tenant id: a string of 1 to :data:`MAX_TENANT_ID_CHARS`
-    characters, without NUL, valid Unicode. A new job's tenant must also hold a character
-    other than white space (:func:`check_job`); this check, for looking tenants up, takes a
-    blank one still, whose jobs may have been enqueued before that rule.
+    characters, without NUL, valid Unicode, holding a visible character (not only white space
+    or the other characters of :data:`INVISIBLE_CLASS`, such as U+200B). Every boundary that
+    takes a tenant id applies it: enqueue (:func:`check_job`), and the lookups and settings
+    (`tenants set`, `jobs list --tenant`, `retry`, `cancel`, the dashboard), so a blank tenant
+    id is refused alike everywhere (found by a tester: `tenants set "  "` stored a tenant that
+    no job can have). ``pgqueue.validate_job`` refuses the same for SQL callers.
 
     Raises:
-        InvalidTenant: not a string, empty, too long (the message gives its length and shows
-            its first :data:`SHOWN_CHARS` characters, then "…"), or a lone surrogate in it.
+        InvalidTenant: not a string, empty, invisible only, too long (the message gives its
+            length and shows its first :data:`SHOWN_CHARS` characters, then "…"), or a lone
+            surrogate in it.
         NulCharacter: it holds U+0000.
     """
-    return _check_text(tenant_id, "tenant_id", MAX_TENANT_ID_CHARS, InvalidTenant)
-
-
-def _check_job_tenant(tenant_id: object) -> str:
-    """:func:`check_tenant_id`, and not white space only (found by a tester: tenant " " was
-    queued). ``pgqueue.validate_job`` refuses the same characters: Python's ``isspace``."""
-    tid = check_tenant_id(tenant_id)
+    tid = _check_text(tenant_id, "tenant_id", MAX_TENANT_ID_CHARS, InvalidTenant)
     if tid.isspace():
         raise InvalidTenant(
             f"tenant_id must hold a character other than white space, got {shown_text(tid)}"
         )
+    if is_invisible(tid):
+        raise InvalidTenant(
+            "tenant_id must hold a visible character, not only control or format characters "
+            f"(such as U+200B), got {shown_text(tid)}"
+        )
     return tid
+
+
+def is_invisible(text: str) -> bool:
+    """Whether ``text`` is one or more characters of :data:`INVISIBLE_CLASS` only (white space,
+    controls, format characters such as U+200B, default-ignorable code points): it shows
+    nothing. Cheap for an ordinary id: the match fails at its first visible character."""
+    return _INVISIBLE_ONLY.fullmatch(text) is not None
 
 
 def check_plan(plan: object) -> str:
@@ -427,7 +451,7 @@ def check_job(
     entry points report the same error for the same input.
     """
     text, size = _encode(payload)
-    tid = _check_job_tenant(tenant_id)
+    tid = check_tenant_id(tenant_id)
     parsed_origin = check_origin(origin)
     sla = check_sla(sla_seconds)
     kind_text = _check_text(kind, "kind", MAX_KIND_CHARS, InvalidKind)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -18,6 +21,7 @@ from pgqueue.cli import (
     app,
     cli_errors,
     console,
+    err_console,
     finite_in_range,
     int_in_range,
 )
@@ -96,6 +100,34 @@ def _read_payload(payload: str, max_payload_bytes: int) -> Any:
         raise pgqueue.InvalidPayload("--payload is nested too deeply to parse") from None
 
 
+class _StderrLines(logging.Handler):
+    """Each record's message as one plain line on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        err_console.print(record.getMessage(), markup=False, highlight=False)
+
+
+@contextmanager
+def _waits_told() -> Iterator[None]:
+    """While it is open, an enqueue that waits for room (a full tier of policy ``block``) says
+    so on stderr, once: which tier or tenant, its cap, how long it may wait (the INFO record
+    of :mod:`pgqueue.enqueue_admission`, shown without ``-v``, and only there)."""
+    from pgqueue import enqueue_admission
+
+    log = enqueue_admission.logger
+    handler = _StderrLines(logging.INFO)
+    level, propagate = log.level, log.propagate
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False  # with -v, the root handler would print it a second time
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        log.propagate = propagate
+
+
 @app.command()
 @cli_errors
 def enqueue(
@@ -144,7 +176,7 @@ def enqueue(
     lowered = origin.strip().lower()
     if lowered in {o.value for o in pgqueue.Origin}:
         origin = lowered
-    with psycopg.connect(_dsn(settings, dsn)) as conn:
+    with psycopg.connect(_dsn(settings, dsn)) as conn, _waits_told():
         job_id = pgqueue.enqueue(
             conn,
             tenant_id=tenant,

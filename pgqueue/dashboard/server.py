@@ -10,7 +10,7 @@ from typing import Any
 import uvicorn
 
 from pgqueue.dashboard.app import DashboardConfig, create_app
-from pgqueue.serving import serving_in_thread
+from pgqueue.serving import serve_until_stopped, serving_in_thread
 
 #: Seconds ``running_dashboard`` waits for uvicorn to start, and again for it to stop.
 STARTUP_TIMEOUT_SECONDS = 15.0
@@ -34,12 +34,15 @@ def _config(config: DashboardConfig, host: str, port: int, *, quiet: bool) -> uv
 
 
 def serve(config: DashboardConfig, host: str = "127.0.0.1", port: int = 8780) -> None:
-    """Serve the dashboard on ``host:port`` until interrupted (blocks; Ctrl-C stops it).
+    """Serve the dashboard on ``host:port`` until stopped (blocks): SIGTERM shuts it down and
+    exits 0, Ctrl-C shuts it down and raises KeyboardInterrupt (:func:`serve_until_stopped`).
 
     Raises:
-        SystemExit: uvicorn could not bind the address or open the database pool.
+        SystemExit: 0 after SIGTERM; uvicorn's, if it could not bind the address or open the
+            database pool.
+        KeyboardInterrupt: after Ctrl-C.
     """
-    uvicorn.Server(_config(config, host, port, quiet=False)).run()
+    serve_until_stopped(uvicorn.Server(_config(config, host, port, quiet=False)))
 
 
 @contextmanager

@@ -40,8 +40,8 @@ class JobFilter:
         tier: str | None = None,
         kind: str | None = None,
     ) -> JobFilter:
-        """A filter from user input; empty strings mean "any" (an empty form field).
-        ``state`` and ``tier`` in any case.
+        """A filter from user input; empty or blank strings mean "any" (an empty form field,
+        or one holding spaces: a tenant id is never blank). ``state`` and ``tier`` in any case.
 
         Raises:
             InvalidArgument: an unknown state or tier, a kind over 200 characters.
@@ -55,7 +55,7 @@ class JobFilter:
             )
         return cls(
             state=state,
-            tenant_id=check_tenant_id(tenant_id) if tenant_id else None,
+            tenant_id=check_tenant_id(tenant_id) if tenant_id and not tenant_id.isspace() else None,
             tier=check_tier(tier) if tier and tier.strip() else None,
             kind=_check_text(kind, "kind", _MAX_KIND_CHARS, InvalidArgument) if kind else None,
         )

@@ -17,7 +17,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from pgqueue.sandbox.app import SandboxConfig, create_app
-from pgqueue.serving import serving_in_thread
+from pgqueue.serving import serve_until_stopped, serving_in_thread
 
 __all__ = ["running_sandbox", "serve"]
 
@@ -45,12 +45,14 @@ def _uvicorn_config(
 
 
 def serve(config: SandboxConfig, host: str = "127.0.0.1", port: int = 8765) -> None:
-    """Serve the sandbox on ``host:port`` until interrupted (blocks; Ctrl-C stops it).
+    """Serve the sandbox on ``host:port`` until stopped (blocks): SIGTERM shuts it down and
+    exits 0, Ctrl-C shuts it down and raises KeyboardInterrupt (:func:`serve_until_stopped`).
 
     Raises:
-        SystemExit: if uvicorn cannot bind the address (uvicorn logs the error and exits).
+        SystemExit: 0 after SIGTERM; uvicorn's, if it cannot bind the address (it logs why).
+        KeyboardInterrupt: after Ctrl-C.
     """
-    uvicorn.Server(_uvicorn_config(create_app(config), host=host, port=port)).run()
+    serve_until_stopped(uvicorn.Server(_uvicorn_config(create_app(config), host=host, port=port)))
 
 
 @contextmanager

@@ -24,6 +24,7 @@ from psycopg import sql
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
 
 from pgqueue.worker.connections import CONNECTION_OPTIONS
+from pgqueue.worker.transient import first_line
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -93,7 +94,8 @@ class Notifier:
                         raise ListenUnanswered("no answer while probing LISTEN") from None
                 await self._listen(conn, stop)
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                log.warning("LISTEN connection lost (%s); reconnecting", exc)
+                # one line: libpq's message spans three ("server closed the connection ...")
+                log.warning("LISTEN connection lost (%s); reconnecting", first_line(exc))
             finally:
                 await conn.close()
 

@@ -2,14 +2,21 @@
 pool's reconnection window, and what it logs while the outage lasts.
 
 Found by testers: after an outage of over 30 s the worker exited 1 without draining its jobs; a
-SIGTERM during an outage took ~53 s (one pool wait and one retry window of 30 s each); and
-claiming resumed 20–35 s after the database came back (psycopg_pool's doubling backoff).
+SIGTERM during an outage took ~53 s (one pool wait and one retry window of 30 s each); claiming
+resumed 20–35 s after the database came back (psycopg_pool's doubling backoff); and an outage
+printed psycopg_pool's warnings, one per connection and attempt (some 30 lines in 25 s), around
+the worker's own line. The worker now says one line when it starts and one when it ends
+(:class:`OutageLog`), naming the pool's last connection error as the cause, and the pool's
+warnings of that kind are INFO (:class:`PoolWarnings`; psycopg sets its loggers to WARNING,
+so they show once the ``psycopg`` logger is set to INFO).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+
+from pgqueue.worker.transient import first_line
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -27,14 +34,68 @@ PRODUCER_RETRY_SECONDS = 5.0
 POOL_RECONNECT_SECONDS = 10.0
 
 
-class OutageLog:
-    """The producer's record of an outage: one warning when claims start failing, one every
-    :data:`OUTAGE_REPORT_SECONDS` while they go on, one when a claim succeeds again. The
-    outage is timed from the start of the first claim that failed (monotonic seconds)."""
+#: psycopg_pool's warnings (their format strings) for a connection that could not be made or
+#: that the server ended: one per connection and attempt while the database is away.
+POOL_OUTAGE_WARNINGS = frozenset(
+    {
+        "error connecting in %r: %s",
+        "reconnection attempt in pool %r failed after %s sec",
+        "discarding closed connection: %s",
+        "discarding broken connection: %s",
+    }
+)
+#: The logger psycopg_pool writes to.
+POOL_LOGGER = "psycopg.pool"
 
-    def __init__(self) -> None:
+
+class PoolWarnings(logging.Filter):
+    """A filter on psycopg_pool's logger while a worker runs: its :data:`POOL_OUTAGE_WARNINGS`
+    become INFO records (dropped unless the logger is enabled for INFO: psycopg sets the
+    ``psycopg`` logger to WARNING, even under ``pgqueue -v``),
+    and the last connection error of the worker's pool (``pool_name``) is kept as
+    :attr:`cause`, which the outage's first line names. Its other warnings stay warnings.
+
+    Not only during a known outage: the pool warns from the first failed connection, seconds
+    before the producer's claims run out of retries, and a connection the server ends while the
+    database accepts new ones is no outage (tests/worker/test_kill_storm.py).
+    """
+
+    def __init__(self, pool_name: str) -> None:
+        super().__init__()
+        self.pool_name = pool_name
+        #: the first line of the pool's last connection error (None: none since the last claim)
+        self.cause: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING or record.msg not in POOL_OUTAGE_WARNINGS:
+            return True
+        args = record.args if isinstance(record.args, tuple) else ()
+        connecting = record.msg == "error connecting in %r: %s" and len(args) == 2
+        if connecting and args[0] == self.pool_name:
+            error = args[1]
+            self.cause = first_line(error) if isinstance(error, BaseException) else str(error)
+        record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        return logging.getLogger(record.name).isEnabledFor(logging.INFO)
+
+    def install(self) -> None:
+        """Put this filter on psycopg_pool's logger (until :meth:`remove`)."""
+        logging.getLogger(POOL_LOGGER).addFilter(self)
+
+    def remove(self) -> None:
+        """Take this filter off psycopg_pool's logger."""
+        logging.getLogger(POOL_LOGGER).removeFilter(self)
+
+
+class OutageLog:
+    """The producer's record of an outage: one warning when claims start failing (naming the
+    pool's last connection error, from ``pool``), one every :data:`OUTAGE_REPORT_SECONDS` while
+    they go on, one when a claim succeeds again. The outage is timed from the start of the
+    first claim that failed (monotonic seconds)."""
+
+    def __init__(self, pool: PoolWarnings | None = None) -> None:
         self._since: float | None = None
         self._reported = 0.0
+        self._pool = pool
 
     def failed(self, tried: float, error: BaseException, running: int) -> None:
         """A claim that started at ``tried`` failed past its retries with ``error``, while
@@ -42,9 +103,13 @@ class OutageLog:
         now = time.monotonic()
         if self._since is None:
             self._since, self._reported = tried, now
+            said = first_line(error)
+            cause = None if self._pool is None else self._pool.cause
+            if cause and cause not in said:
+                said = f"{said}; last connection error: {cause}"
             log.warning(
                 "database unavailable (%s): %d job(s) keep running; claiming again when it answers",
-                error,
+                said,
                 running,
             )
         elif now - self._reported >= OUTAGE_REPORT_SECONDS:
@@ -53,6 +118,8 @@ class OutageLog:
 
     def answered(self) -> None:
         """A claim succeeded: ends the outage, if there was one."""
+        if self._pool is not None:
+            self._pool.cause = None
         if self._since is not None:
             log.warning("database available again after %.0f s", time.monotonic() - self._since)
             self._since = None

@@ -34,6 +34,7 @@ from pgqueue.worker.outage import (
     PRODUCER_RETRY_SECONDS,
     BadSettingLog,
     OutageLog,
+    PoolWarnings,
 )
 from pgqueue.worker.runs import JobRuns
 from pgqueue.worker.transient import first_line, is_transient, run_named, transient_retry
@@ -68,6 +69,7 @@ class Producer(JobRuns):
     # seconds until the provider's limits have room again, from the last claim (None: room)
     _blocked_seconds: float | None
     _pool: AsyncConnectionPool[Any] | None
+    _pool_warnings: PoolWarnings | None
     # monotonic time of the last pgqueue.settings_check that passed (None: not yet)
     _settings_checked: float | None = None
 
@@ -86,7 +88,7 @@ class Producer(JobRuns):
         worker stops with the error instead.
         """
         batch = min(self.concurrency, self.settings.claim_batch_max or self.concurrency)
-        outage = OutageLog()
+        outage = OutageLog(self._pool_warnings)
         bad_setting = BadSettingLog()
         while not self._stopping:
             tried = time.monotonic()

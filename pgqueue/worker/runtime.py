@@ -42,7 +42,7 @@ from pgqueue.worker.executor import runs_in_thread, sync_handlers_running
 from pgqueue.worker.inflight import InFlight
 from pgqueue.worker.lease_keeper import LeaseKeeper
 from pgqueue.worker.notifier import Notifier
-from pgqueue.worker.outage import POOL_RECONNECT_SECONDS
+from pgqueue.worker.outage import POOL_RECONNECT_SECONDS, PoolWarnings
 from pgqueue.worker.producer import Producer
 from pgqueue.worker.runs import UNRECORDED, WorkerStats
 
@@ -129,6 +129,7 @@ class Worker(Producer):
         # `--burst` re-claimed the deferred jobs every 60 s and never exited)
         self._cannot_run: set[str] = set()
         self._pool: AsyncConnectionPool[Any] | None = None
+        self._pool_warnings: PoolWarnings | None = None
         self._completer: Completer | None = None
 
     # ------------------------------------------------------------------ control
@@ -195,6 +196,8 @@ class Worker(Producer):
         try:
             return await self._run()
         finally:
+            if self._pool_warnings is not None:
+                self._pool_warnings.remove()
             if install_signal_handlers:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
@@ -219,6 +222,9 @@ class Worker(Producer):
             configure=configure_connection,
             open=False,
         )
+        # the pool's warnings of an outage, one per connection and attempt: INFO (outage.py)
+        self._pool_warnings = PoolWarnings(self._pool.name)
+        self._pool_warnings.install()
         await self._pool.open(wait=True)
         self._completer = Completer(self._pool, self.settings, write_slots=max(1, pool_size - 3))
         self._completer.start()

@@ -1077,3 +1077,67 @@ def test_a_payload_file_whose_name_is_not_utf8_is_read(db_dsn, tmp_path):
     result = run("enqueue", "acme", "--payload", f"@{path}", "--dsn", db_dsn)
     assert result.exit_code == 0, result.stderr
     assert _jobs(db_dsn) == 1
+
+
+def test_a_blank_tenant_id_is_refused_by_every_command(db_dsn):
+    """Found by a tester: `tenants set "  "` stored a tenant, and `jobs list --tenant "  "`,
+    `retry`, `cancel --all-queued` and `batches on` took a blank tenant id that enqueue
+    refuses. Each now refuses it with enqueue's error and exit 2; nothing is stored."""
+    for tenant, says in (
+        ("", "InvalidTenant: tenant_id must be a string of 1 to 128 characters, got ''"),
+        ("  ", "InvalidTenant: tenant_id must hold a character other than white space, got '  '"),
+        ("\t\u3000", "InvalidTenant: tenant_id must hold a character other than white space"),
+        # found by a tester: a zero-width space (and other characters that show nothing)
+        ("\u200b", "InvalidTenant: tenant_id must hold a visible character"),
+        ("\ufeff\x01", "InvalidTenant: tenant_id must hold a visible character"),
+    ):
+        for command in (
+            ["tenants", "set", tenant],
+            ["tenants", "set", tenant, "--plan", "pro"],
+            ["jobs", "list", "--tenant", tenant],
+            ["retry", "--tenant", tenant],
+            ["cancel", "--all-queued", "--tenant", tenant],
+            ["batches", "on", "--tenant", tenant],
+            ["enqueue", tenant, "--prompt", "x"],
+        ):
+            result = run(*command, "--dsn", db_dsn)
+            assert result.exit_code == 2, (command, result.stdout, result.stderr)
+            assert len(_lines(result)) == 1 and _lines(result)[0].startswith(says), (
+                command,
+                result.stderr,
+            )
+    with psycopg.connect(db_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM pgqueue.tenants").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM pgqueue.batch_lane").fetchone()[0] == 0
+    assert _jobs(db_dsn) == 0
+
+
+def test_an_enqueue_that_waits_for_room_says_so_once(db_dsn, monkeypatch):
+    """Found by a tester: `pgqueue enqueue` into a full tier of policy block waited silently
+    (up to the block timeout) and looked hung. It says on stderr, once, what is full and how
+    long it waits; then the usual QueueFull line and exit 75 when no room came."""
+    import pgqueue
+
+    monkeypatch.setenv("PGQUEUE_ADMISSION_BLOCK_TIMEOUT_SECONDS", "0.5")
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        pgqueue.set_admission(conn, "standard", max_queued=0, policy="block")
+        pgqueue.set_admission(conn, "batch", tenant_max_queued=1, policy="block")
+        pgqueue.enqueue(conn, tenant_id="acme", origin="batch_job", payload={}, kind="k")
+    for extra, says in (
+        (
+            ["--sla-seconds", "60"],
+            "waiting for room: tier standard holds 0 queued jobs (cap 0, policy block); "
+            "giving up after 0.5 s",
+        ),
+        (
+            [],
+            "waiting for room: tenant 'acme' in tier batch holds 1 queued jobs (cap 1, policy "
+            "block); giving up after 0.5 s",
+        ),
+    ):
+        result = run("enqueue", "acme", "--prompt", "x", *extra, "--dsn", db_dsn)
+        assert result.exit_code == 75, result.stderr
+        lines = _lines(result)
+        assert len(lines) == 2 and lines[0] == says, lines
+        assert lines[1].startswith("QueueFull: queue full: ") and "no room after" in lines[1]
+    assert _jobs(db_dsn) == 1

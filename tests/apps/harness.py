@@ -28,7 +28,7 @@ _serial = itertools.count()
 
 def pgqueue_cmd(*args: str) -> list[str]:
     """argv running the ``pgqueue`` CLI (the console script's entry point) with this Python."""
-    return [sys.executable, "-c", "from pgqueue.cli import app; app()", *args]
+    return [sys.executable, "-c", "from _pgqueue_launcher import main; main()", *args]
 
 
 def cli_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

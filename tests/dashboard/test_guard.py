@@ -102,6 +102,9 @@ def test_bad_input_is_a_clear_400(client: Client):
     assert client.request("/jobs?state=bogus")[0] == 400
     assert client.request("/jobs?tier=urgent")[0] == 400
     assert client.request("/jobs?before=abc")[0] == 400
+    # a tenant id no tenant can have; a field of spaces means any tenant, as for state and tier
+    assert client.request("/jobs?tenant=%E2%80%8B")[0] == 400  # U+200B
+    assert client.request("/jobs?tenant=%20%20&state=%20")[0] == 200
     assert client.request("/jobs/999999")[0] == 404
     _unlock(client)
     status, _, body = client.post("/actions/cancel", {"job_id": "abc"})

@@ -236,8 +236,9 @@ def test_block_waits_for_room_then_enqueues(db_dsn, autocommit):
     assert _queued(db_dsn) == 1
 
 
-def test_block_times_out_then_rejects(db_dsn):
+def test_block_times_out_then_rejects(db_dsn, caplog):
     _admin(db_dsn, "standard", max_queued=0, policy="block")
+    caplog.set_level("INFO", logger="pgqueue.enqueue_admission")
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         started = time.monotonic()
         with pytest.raises(pgqueue.QueueFull, match="no room after waiting") as info:
@@ -245,6 +246,13 @@ def test_block_times_out_then_rejects(db_dsn):
     assert time.monotonic() - started >= 0.25
     assert not isinstance(info.value, pgqueue.CannotBlockInTransaction)
     assert info.value.policy == "block"
+    # the wait is told once, with what is full and for how long (found by a tester: the CLI
+    # waited silently), though the call tried several times
+    waits = [r.getMessage() for r in caplog.records if r.name == "pgqueue.enqueue_admission"]
+    assert waits == [
+        "waiting for room: tier standard holds 0 queued jobs (cap 0, policy block); "
+        "giving up after 0.3 s"
+    ]
 
 
 def test_block_is_refused_inside_an_open_transaction(db_dsn, conn):

@@ -183,8 +183,8 @@ def test_sql_rejects_nul_in_payload(conn):
 
 
 def test_a_white_space_tenant_is_refused_alike_by_python_and_sql(conn):
-    """Tenant ids of one white-space character each (Python's ``str.isspace``), and near
-    misses that are not white space: the Python check, validate_job and job_is_valid agree."""
+    """Tenant ids of one white-space character each (Python's ``str.isspace``), invisible ones
+    (U+200B, U+00AD) and a near miss: the Python check, validate_job and job_is_valid agree."""
     blanks = [chr(c) for c in range(0x3001) if chr(c).isspace()]
     for tenant in [*blanks, "".join(blanks), "\u200b", "\xad", " a "]:
         py = _python_outcome(tenant, "scheduled", GOOD, None, "anthropic.messages")
@@ -194,10 +194,47 @@ def test_a_white_space_tenant_is_refused_alike_by_python_and_sql(conn):
             " 1048576)",
             (tenant, Jsonb(GOOD)),
         ).fetchone()[0]
-        expected = errors.InvalidTenant if tenant.isspace() else None
+        expected = errors.InvalidTenant if tenant.isspace() or tenant in "\u200b\xad" else None
         assert (py, sql, valid) == (expected, expected, expected is None), repr(tenant)
-    # Looking a tenant up still takes a blank one: its jobs may predate the rule.
-    assert check_tenant_id(" ") == " "
+    # Looking a tenant up refuses a blank one too (found by a tester: `tenants set "  "`
+    # stored one), in Python as from the command line.
+    for blank in ("  ", "\u3000"):
+        with pytest.raises(errors.InvalidTenant, match="other than white space"):
+            check_tenant_id(blank)
+        with pytest.raises(errors.InvalidTenant, match="other than white space"):
+            pgqueue.cancel_queued(conn, blank)
+        with pytest.raises(errors.InvalidTenant, match="other than white space"):
+            pgqueue.set_tenant_max_queued(conn, blank, 5)
+
+
+def test_a_tenant_id_that_shows_nothing_is_refused_alike_by_python_and_sql(conn):
+    """Found by a tester: a tenant id of one U+200B was queued from Python, the command line
+    and SQL. Every code point (but U+0000 and surrogates) alone as a tenant id, and after a
+    visible one: job_is_valid refuses exactly those is_invisible refuses; validate_job raises
+    PQ006 for a few, and enqueue from SQL writes nothing."""
+    from pgqueue.validation import is_invisible
+
+    refused = {c for c in range(1, 0x110000) if not 0xD800 <= c <= 0xDFFF and is_invisible(chr(c))}
+    rows = conn.execute(
+        "SELECT c FROM generate_series(1, 1114111) AS c WHERE c NOT BETWEEN 55296 AND 57343"
+        " AND NOT pgqueue.job_is_valid(chr(c), 'scheduled', '{}', NULL, 'custom', NULL, 1048576)"
+    ).fetchall()
+    assert {c for (c,) in rows} == refused
+    mixed = conn.execute(
+        "SELECT count(*) FROM generate_series(1, 1114111) AS c WHERE c NOT BETWEEN 55296 AND"
+        " 57343 AND NOT pgqueue.job_is_valid('a' || chr(c), 'scheduled', '{}', NULL, 'custom',"
+        " NULL, 1048576)"
+    ).fetchone()[0]
+    assert mixed == 0
+    for tenant in ("\u200b", "\ufeff\u2060", "\x01", "\U000e0041", " \u200b"):
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute("SELECT pgqueue.enqueue(%s, 'scheduled', %s)", (tenant, Jsonb(GOOD)))
+        assert info.value.sqlstate == "PQ006", tenant
+        assert _python_outcome(tenant, "scheduled", GOOD, None, "anthropic.messages") is (
+            errors.InvalidTenant
+        )
+        conn.rollback()
+    assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone()[0] == 0
 
 
 def test_empty_text_content_is_refused_alike_by_python_and_sql(conn):

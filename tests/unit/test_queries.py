@@ -68,6 +68,8 @@ def test_wheel_ships_sql_migrations_and_data(tmp_path):
     assert "pgqueue/migrations/versions/0030_baseline.py" in names
     assert "pgqueue/sql/schema/010_tables.sql" in names
     assert "pgqueue/sql/schema/070_scheduler.sql" in names
+    # the `pgqueue` command's launcher, outside the package (tests/acceptance/test_cli_interrupt.py)
+    assert "_pgqueue_launcher.py" in names
     assert "pgqueue/sql/schema/071_claim.sql" in names
     assert "pgqueue/data/azure_llm_conv_2023.csv" in names
     assert "pgqueue/data/README.md" in names

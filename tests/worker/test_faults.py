@@ -288,7 +288,7 @@ async def test_a_worker_outlives_a_database_outage_and_stops_promptly_during_one
 
             wait_until(done, timeout=60, what="the jobs to run")
 
-    caplog.set_level(logging.WARNING, logger="pgqueue.worker")
+    caplog.set_level(logging.WARNING)  # every logger's warnings, psycopg_pool's too
     worker = Worker(dsn, Settings(poll_interval_seconds=0.2), concurrency=2)
     task = asyncio.create_task(worker.run(install_signal_handlers=False))
     try:
@@ -300,6 +300,14 @@ async def test_a_worker_outlives_a_database_outage_and_stops_promptly_during_one
         await asyncio.to_thread(_pg_ctl, pgdata, "restart")  # with its postmaster.opts
         await asyncio.to_thread(enqueue_and_wait, 3)  # the same worker claims again
         assert "database available again" in caplog.text
+        # One line as it starts (naming the cause) and one as it ends, and none of the pool's
+        # own (found by a tester: a warning per connection and attempt, ~30 in 25 s)
+        said = [(r.name, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+        assert not [m for name, m in said if name.startswith("psycopg")], said
+        outage = [m for _, m in said if "database" in m]
+        assert len(outage) == 2, said
+        assert outage[0].startswith("database unavailable (") and "connection" in outage[0]
+        assert outage[1].startswith("database available again after ")
         # Down again, and a stop: the worker notices it within its producer's retry window.
         await asyncio.to_thread(_pg_ctl, pgdata, "stop", "-m", "fast")
         await asyncio.sleep(2.0)

@@ -1,0 +1,84 @@
+"""Tenant ids that show nothing (found by a tester: a tenant id of one U+200B ZERO WIDTH SPACE
+was queued from Python, the command line and SQL): refused as InvalidTenant, with the class
+of characters shared, text for text, by pgqueue/validation.py and 030_validation.sql."""
+
+from __future__ import annotations
+
+import re
+import sys
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+import pgqueue
+from pgqueue.errors import InvalidTenant
+from pgqueue.validation import INVISIBLE_CLASS, check_job, check_tenant_id, is_invisible
+
+GOOD = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+SCHEMA = Path(pgqueue.__file__).parent / "sql" / "schema" / "030_validation.sql"
+#: Default_Ignorable_Code_Point (Unicode's DerivedCoreProperties.txt), which Python does not
+#: expose: the rest of INVISIBLE_CLASS is white space and categories Cc, Cf, Zs, Zl, Zp.
+DEFAULT_IGNORABLE = [
+    (0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1160), (0x17B4, 0x17B5),
+    (0x180B, 0x180F), (0x200B, 0x200F), (0x202A, 0x202E), (0x2060, 0x206F), (0x3164, 0x3164),
+    (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3),
+    (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "tenant", ["\u200b", "\u200b\u200b", "\ufeff", "\u2060", "\x01", "\x1b", "\u202e", "\u3164",
+               "\U000e0041", " \u200b", "\u200d\t", "\xad"],
+)  # fmt: skip
+def test_a_tenant_id_that_shows_nothing_is_refused(tenant):
+    for check in (check_tenant_id, lambda t: check_job(tenant_id=t, origin="scheduled",
+                                                       payload=GOOD)):  # fmt: skip
+        with pytest.raises(InvalidTenant, match="tenant_id must hold a"):
+            check(tenant)
+
+
+@pytest.mark.parametrize("tenant", ["a\u200b", "\u200ba", "\u00e9", "\U0001f600", "\u0301", "-"])
+def test_a_tenant_id_with_a_visible_character_is_taken(tenant):
+    assert check_tenant_id(tenant) == tenant
+    assert check_job(tenant_id=tenant, origin="scheduled", payload=GOOD).tenant_id == tenant
+
+
+def test_the_class_is_white_space_controls_format_separators_and_ignorables():
+    """Every code point (but U+0000 and surrogates) is in the class exactly when it is white
+    space, Cc, Cf, Zs, Zl, Zp or default-ignorable, as of Unicode 14 (Python 3.11); a later
+    Unicode may add characters to those categories, which the class (and the SQL, by a
+    migration) then lacks, so there only the class's own characters are checked. U+0000 is
+    NulCharacter's."""
+    ignorable = {c for low, high in DEFAULT_IGNORABLE for c in range(low, high + 1)}
+    one = re.compile(f"[{INVISIBLE_CLASS}]")
+    complete = unicodedata.unidata_version == "14.0.0"
+    wrong = []
+    for c in range(1, sys.maxunicode + 1):
+        if 0xD800 <= c <= 0xDFFF:
+            continue
+        expected = (
+            chr(c).isspace()
+            or unicodedata.category(chr(c)) in {"Cc", "Cf", "Zs", "Zl", "Zp"}
+            or c in ignorable
+        )
+        found = one.fullmatch(chr(c)) is not None
+        if found != expected and (found or complete):
+            wrong.append(hex(c))
+    assert wrong == [], wrong[:20]
+
+
+def test_the_sql_functions_hold_the_same_class():
+    """validate_job and job_is_valid write INVISIBLE_CLASS as concatenated literals: joined,
+    each is the same text (their behaviour is compared in tests/db/test_validation.py)."""
+    text = SCHEMA.read_text()
+    found = re.findall(r"tenant_id ~ \(('\^\[\\u0001.*?\]\+\$')\)", text, re.S)
+    assert len(found) == 2
+    for literal in found:
+        joined = "".join(re.findall(r"'([^']*)'", literal))
+        assert joined == f"^[{INVISIBLE_CLASS}]+$"
+
+
+def test_is_invisible():
+    assert is_invisible("\u200b") and is_invisible(" ") and not is_invisible("")
+    assert not is_invisible("a") and not is_invisible("\u200ba")
