@@ -1,14 +1,12 @@
 -- The scheduler (docs/drr.md): Deficit Round Robin's order as sort keys on the jobs, one DRR
--- per lane (rate-limit pool: the model of a Messages API job, else the kind) and tier. Its
--- pure reference is pgqueue.scheduling.keys.KeyedDrr (tests/db/test_drr_claim.py compares).
---
--- A job's key is (key_round, key_place, key_seq): a tenant backlogged since it joined in round
--- R with credit 0 serves the job of cumulative cost S in round R - 1 + ceil(S / quantum);
--- within a round the tenants go by place; a tenant that (re)joins takes a place just before
--- the cursor (the key of the last claimed job), in the cursor's round. Jobs arrive unstamped;
--- a claimer that wins the lane and tier's try-lock stamps them (pgqueue.fold), every claimer
--- takes stamped jobs in key order (pgqueue.claim_keyed), side by side. Costs and quanta are
--- integer cost units: round(cost * 1000), one unit per estimated input token.
+-- per lane (rate-limit pool: a Messages API job's model, else the kind) and tier; its pure
+-- reference is pgqueue.scheduling.keys.KeyedDrr (tests/db/test_drr_claim.py compares). A key
+-- is (key_round, key_place, key_seq): a tenant backlogged since it joined in round R with
+-- credit 0 serves the job of cumulative cost S in round R - 1 + ceil(S / quantum); in a round
+-- tenants go by place; a (re)joining tenant takes a place just before the cursor (the last
+-- claimed key), in its round. Jobs arrive unstamped; the claimer that wins a lane and tier's
+-- try-lock stamps them (pgqueue.fold); claimers take stamped jobs in key order side by side
+-- (pgqueue.claim_keyed). Costs are integer units: round(cost * 1000), one per input token.
 
 -- stable_offset() of pgqueue.scheduling.drr (SHA-256's first 4 bytes): joiners' order in a fold.
 CREATE OR REPLACE FUNCTION pgqueue.refill_offset(tenant_id text)
@@ -18,12 +16,12 @@ AS $$
     SELECT ('x' || left(encode(sha256(convert_to(tenant_id, 'UTF8')), 'hex'), 8))::bit(32)::bigint
 $$;
 
--- Stamp the unstamped due jobs of one lane and tier; the caller holds its try-lock
--- (pgqueue.fold). Joiners first (places in refill_offset order between the last place before
--- the cursor's and the cursor's), then flows in FIFO order up to `p_horizon` rounds past the
--- next key to claim, at most pgqueue.stamp_slice_flows (default 64) cut ones and as many
--- joiners a fold (the other joiners get their first job): its work grows with the tenants it
--- visits, not their jobs. One statement computes, two write. Returns the jobs stamped.
+-- Stamp the unstamped due jobs of one lane and tier under its try-lock (pgqueue.fold):
+-- joiners first (places in refill_offset order between the last place before the cursor's
+-- and the cursor's), then flows in FIFO order up to `p_horizon` rounds past the next key to
+-- claim, at most pgqueue.stamp_slice_flows (default 64) cut ones and as many whole joiners a
+-- fold (others get their first job): its work grows with the tenants it visits, not their
+-- jobs. One statement computes, two write. Returns the jobs stamped.
 CREATE OR REPLACE FUNCTION pgqueue.stamp(p_lane text, p_tier pgqueue.tier, p_horizon integer)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -204,9 +202,8 @@ BEGIN
 END
 $$;
 
--- Stamp a lane and tier if nobody else is stamping it: a try-lock, so a claimer never waits
--- for a fold (it claims the jobs stamped already). Horizon: GUC
--- pgqueue.stamp_horizon_rounds, default 4. Returns the number of jobs stamped.
+-- Stamp a lane and tier unless another claimer is (a try-lock: no claimer waits for a fold),
+-- with the horizon of GUC pgqueue.stamp_horizon_rounds (default 4). Returns the jobs stamped.
 CREATE OR REPLACE FUNCTION pgqueue.fold(p_lane text, p_tier pgqueue.tier)
 RETURNS bigint
 LANGUAGE sql
@@ -218,9 +215,8 @@ AS $$
                 ELSE 0 END
 $$;
 
--- Claim stamped jobs of one lane in key order, p_counts[i] of tier p_tiers[i] (or only job
--- p_only, locked by the caller), never past a tier's frontier: lock them (SKIP LOCKED), lease
--- them to p_worker, keep their keys, move p_worker's cursor row of each tier. One statement.
+-- One statement: p_counts[i] stamped jobs of tier p_tiers[i] (or job p_only) in key order up
+-- to the frontier, SKIP LOCKED, leased to p_worker (keys kept), p_worker's cursor rows moved.
 CREATE OR REPLACE FUNCTION pgqueue.claim_keyed(p_lane text, p_tiers pgqueue.tier[],
                                                p_counts integer[], p_worker text,
                                                p_lease double precision, p_only bigint DEFAULT NULL)
@@ -284,9 +280,8 @@ AS $$
     LIMIT 1 FOR UPDATE OF j SKIP LOCKED
 $$;
 
--- A job queued again (retry, throttle, rescue), or whose run_at, tier or tenant changed while
--- queued, loses its key (stamped anew when due, as an arrival) in a second row version: a
--- BEFORE ROW trigger would lock every row of every UPDATE first (5 % of a claim's CPU).
+-- A job queued again (retry, throttle, rescue) or whose run_at, tier or tenant changed while
+-- queued loses its key, in a second row version (a BEFORE ROW trigger cost a claim 5 %).
 CREATE OR REPLACE FUNCTION pgqueue.jobs_unstamp()
 RETURNS trigger
 LANGUAGE plpgsql
