@@ -297,6 +297,9 @@ def _single_error(fields: dict[str, Any]) -> type[errors.UsageError]:
     raise AssertionError("expected a usage error")
 
 
+# 200 examples, each an enqueue against the database: over the suite's 60 s on a loaded
+# machine (a fresh-machine trial: the timeout fired mid-example, and hypothesis called it flaky).
+@pytest.mark.timeout(300)
 @settings(
     max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
