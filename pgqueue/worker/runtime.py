@@ -269,7 +269,7 @@ class Worker(Producer):
             if not await self._budget.wait([closing], "batched success write(s)"):
                 await self._completer.abandon(shutdown.SETTLE_SECONDS)
             # their successes are written (or abandoned): let them count their outcomes
-            await self._budget.wait([task for _job, task in self._jobs.flushing.values()])
+            await self._budget.wait([write for _job, write in self._jobs.flushing.values()])
             self._stop.set()
             for task in background:
                 task.cancel()
@@ -297,7 +297,7 @@ class Worker(Producer):
         # Successes waiting for their batched write get the grace period too (found by a
         # tester: one whose row was held for a moment got only the stop's last 10 s, and ran
         # again); what is left of them then goes with the completer's close, below _drain.
-        flushing = [task for _job, task in self._jobs.flushing.values()]
+        flushing = [write for _job, write in self._jobs.flushing.values()]
         if not running and not flushing:
             return
         # A burst run ends here with nothing in flight; a stop request gives running jobs the
@@ -312,7 +312,7 @@ class Worker(Producer):
             # and a burst exit waited for such a run for the whole grace period).
             self._jobs.cancel_handlers(self._jobs.lost_runs())
         pending = await shutdown.wait_all(
-            running + flushing, self.settings.shutdown_grace_seconds, self._hard_stopped
+            [*running, *flushing], self.settings.shutdown_grace_seconds, self._hard_stopped
         )
         still_running = [task for task in running if task in pending]
         in_threads = self._in_threads(still_running)
