@@ -172,7 +172,6 @@ class JobRuns:
     def _release(self, job: Job) -> None:
         """Free the job's slot and wake the producer."""
         self._jobs.release(job.lease)
-        metrics.SLOTS_IN_USE.set(len(self._jobs.running))
         self._wake.set()
 
     async def _interrupt(self, job: Job) -> None:

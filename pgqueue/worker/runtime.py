@@ -209,6 +209,8 @@ class Worker(Producer):
             return self.stats
         pool_size = min(self.concurrency, 8) + 2
         metrics.SLOTS.set(self.concurrency)
+        # read when scraped: a set() at every claim and freed slot cost each job ~1 µs
+        metrics.SLOTS_IN_USE.set_function(lambda: len(self._jobs.running))
         self._pool = WorkerPool(
             self.dsn,
             min_size=1,
