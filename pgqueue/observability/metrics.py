@@ -92,6 +92,16 @@ RETRIES = Counter(
 
 
 _OUTCOME_CHILDREN: dict[str, Any] = {}
+_CLAIMED_CHILDREN: dict[str, Any] = {}
+
+
+def count_claimed(tier: str, jobs: int) -> None:
+    """Count ``jobs`` claimed of ``tier`` (``JOBS_CLAIMED``; its labelled children are kept, as
+    in :func:`count_outcome`)."""
+    child = _CLAIMED_CHILDREN.get(tier)
+    if child is None:
+        child = _CLAIMED_CHILDREN.setdefault(tier, JOBS_CLAIMED.labels(tier))
+    child.inc(jobs)
 
 
 def count_outcome(outcome: Outcome, state: str | None) -> None:

@@ -31,10 +31,16 @@ class Undecodable:
     reason: str
 
 
+#: ``json.loads`` without its checks for other encodings than UTF-8 and for a byte order mark,
+#: which Postgres never sends: a third fewer instructions for the bench's payload (callgrind).
+_decode = json.JSONDecoder().decode
+
+
 def safe_loads(data: str | bytes) -> Any:
-    """``json.loads(data)``, or an :class:`Undecodable` when Python cannot decode it."""
+    """``json.loads(data)`` (``data`` as Postgres sends it: UTF-8), or an :class:`Undecodable`
+    when Python cannot decode it."""
     try:
-        return json.loads(data)
+        return _decode(data if isinstance(data, str) else data.decode())
     except RecursionError:
         return Undecodable("JSON nested too deeply for Python to decode")
     except _DECODE_ERRORS as exc:

@@ -21,6 +21,8 @@ from pgqueue.worker import leases
 log = logging.getLogger("pgqueue.worker")
 
 Entry = tuple[Job, "asyncio.Task[None]"]
+#: A success waiting for its batched write: the job and the write's future.
+Flushing = tuple[Job, "asyncio.Future[Any]"]
 
 
 class InFlight:
@@ -32,7 +34,7 @@ class InFlight:
 
     def __init__(self) -> None:
         self.running: dict[Lease, Entry] = {}
-        self.flushing: dict[Lease, Entry] = {}
+        self.flushing: dict[Lease, Flushing] = {}
         self.recording: set[Lease] = set()
         self.lost: set[Lease] = set()
         self.withdrawn: dict[Lease, str] = {}

@@ -232,7 +232,7 @@ class Producer(JobRuns):
             payload = row["payload"]
             poison = payload if isinstance(payload, Undecodable) else None
             job = Job.from_row(row if poison is None else {**row, "payload": {}})
-            by_tier[job.priority.value] += 1
+            by_tier[row["priority"]] += 1
             if row["to_batch"] and poison is None:  # the batches lane's: parked below, not run
                 to_batch.append(job)
                 deadline.finish()
@@ -250,9 +250,8 @@ class Producer(JobRuns):
         if to_batch:
             await park_claimed(self._pool, to_batch, self.settings.batches_max_requests)
         for tier, count in by_tier.items():
-            metrics.JOBS_CLAIMED.labels(tier).inc(count)
+            metrics.count_claimed(tier, count)
         self.stats.claimed += claimed
-        metrics.SLOTS_IN_USE.set(len(self._jobs.running))
         return claimed
 
     async def _make_durable(self, row: dict[str, Any]) -> None:

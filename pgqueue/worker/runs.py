@@ -70,7 +70,7 @@ class JobRuns:
         as usual."""
         assert self._completer is not None
         outcome: Outcome
-        released = False
+        write_behind = False
         lease = job.lease
         try:
             try:
@@ -92,18 +92,21 @@ class JobRuns:
             if job.kind not in self.registry:  # no handler here: a burst worker won't wait
                 self._cannot_run.add(job.kind)
             self._jobs.recording.add(lease)
-            if len(self._jobs.flushing) < self.concurrency and self._completer.batches(
+            behind = len(self._jobs.flushing) < self.concurrency and self._completer.batches(
                 job, outcome
-            ):
+            )
+            written = self._completer.submit(job, outcome)
+            if behind:
                 # Write-behind: the handler is done, so its slot frees now and the next claim
                 # overlaps the flush that records this success. The lease stays held (the
-                # heartbeat covers flushing jobs); at most `concurrency` wait like this.
-                task = asyncio.current_task()
-                assert task is not None
-                self._jobs.flushing[lease] = (job, task)
+                # heartbeat covers flushing jobs); at most `concurrency` wait like this. No
+                # task waits for the write: the job is counted when it ends (a task and a
+                # shield per job were a tenth of a no-op job's CPU in the worker).
+                self._jobs.flushing[lease] = (job, written)
+                written.add_done_callback(lambda done: self._write_ended(job, outcome, done))
                 self._release(job)
-                released = True
-            written = self._completer.submit(job, outcome)
+                write_behind = True
+                return
             try:
                 state = await asyncio.shield(written)
             except asyncio.CancelledError:
@@ -114,28 +117,44 @@ class JobRuns:
                 written.add_done_callback(lambda done: self._count_late(job, outcome, done))
                 raise
             except Exception as exc:
-                if (
-                    is_transient(exc)
-                    or is_held_row(exc)
-                    or isinstance(exc, OutcomeAbandoned | PoolClosed)
-                ):
-                    # The database did not answer for the whole retry window (the producer
-                    # reports the outage), or a stop gave up waiting for it (the stop says
-                    # how many): no traceback for each job (found by a tester).
-                    log.warning(
-                        "job %s: could not record its outcome (%s); it runs again when its "
-                        "lease expires",
-                        job.id,
-                        first_line(exc),
-                    )
-                else:
-                    log.exception("job %s: could not record its outcome; the rescuer will", job.id)
-                state = UNRECORDED
+                state = self._not_recorded(job, exc)
             self._count(outcome, state)
         finally:
-            self._jobs.forget(job)
-            if not released:
+            if not write_behind:
+                self._jobs.forget(job)
                 self._release(job)
+
+    def _write_ended(self, job: Job, outcome: Outcome, write: asyncio.Future[str | None]) -> None:
+        """Count a write-behind success when its batched write ends, and forget its lease."""
+        if write.cancelled():  # a stop gave up waiting for it
+            self._count_late(job, outcome, write)
+        else:
+            error = write.exception()
+            self._count(
+                outcome, write.result() if error is None else self._not_recorded(job, error)
+            )
+        self._jobs.forget(job)
+
+    def _not_recorded(self, job: Job, error: BaseException) -> str:
+        """Say that ``job``'s outcome write failed with ``error``; returns :data:`UNRECORDED`."""
+        if (
+            is_transient(error)
+            or is_held_row(error)
+            or isinstance(error, OutcomeAbandoned | PoolClosed)
+        ):
+            # The database did not answer for the whole retry window (the producer reports the
+            # outage), or a stop gave up waiting for it (the stop says how many): no traceback
+            # for each job (found by a tester).
+            log.warning(
+                "job %s: could not record its outcome (%s); it runs again when its lease expires",
+                job.id,
+                first_line(error),
+            )
+        else:
+            log.error(
+                "job %s: could not record its outcome; the rescuer will", job.id, exc_info=error
+            )
+        return UNRECORDED
 
     def _count_late(self, job: Job, outcome: Outcome, write: asyncio.Future[str | None]) -> None:
         """Count ``job``'s outcome when its write ends after its task was cancelled (a stop
@@ -153,7 +172,6 @@ class JobRuns:
     def _release(self, job: Job) -> None:
         """Free the job's slot and wake the producer."""
         self._jobs.release(job.lease)
-        metrics.SLOTS_IN_USE.set(len(self._jobs.running))
         self._wake.set()
 
     async def _interrupt(self, job: Job) -> None:

@@ -209,6 +209,8 @@ class Worker(Producer):
             return self.stats
         pool_size = min(self.concurrency, 8) + 2
         metrics.SLOTS.set(self.concurrency)
+        # read when scraped: a set() at every claim and freed slot cost each job ~1 µs
+        metrics.SLOTS_IN_USE.set_function(lambda: len(self._jobs.running))
         self._pool = WorkerPool(
             self.dsn,
             min_size=1,
@@ -269,7 +271,7 @@ class Worker(Producer):
             if not await self._budget.wait([closing], "batched success write(s)"):
                 await self._completer.abandon(shutdown.SETTLE_SECONDS)
             # their successes are written (or abandoned): let them count their outcomes
-            await self._budget.wait([task for _job, task in self._jobs.flushing.values()])
+            await self._budget.wait([write for _job, write in self._jobs.flushing.values()])
             self._stop.set()
             for task in background:
                 task.cancel()
@@ -297,7 +299,7 @@ class Worker(Producer):
         # Successes waiting for their batched write get the grace period too (found by a
         # tester: one whose row was held for a moment got only the stop's last 10 s, and ran
         # again); what is left of them then goes with the completer's close, below _drain.
-        flushing = [task for _job, task in self._jobs.flushing.values()]
+        flushing = [write for _job, write in self._jobs.flushing.values()]
         if not running and not flushing:
             return
         # A burst run ends here with nothing in flight; a stop request gives running jobs the
@@ -312,7 +314,7 @@ class Worker(Producer):
             # and a burst exit waited for such a run for the whole grace period).
             self._jobs.cancel_handlers(self._jobs.lost_runs())
         pending = await shutdown.wait_all(
-            running + flushing, self.settings.shutdown_grace_seconds, self._hard_stopped
+            [*running, *flushing], self.settings.shutdown_grace_seconds, self._hard_stopped
         )
         still_running = [task for task in running if task in pending]
         in_threads = self._in_threads(still_running)

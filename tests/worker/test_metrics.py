@@ -179,3 +179,56 @@ def test_a_held_lock_fails_a_refresh_instead_of_hanging_the_scrape(db_dsn):
         families = scrape(database_registry(db_dsn, refresh_seconds=0, timeout_seconds=0.5))
         assert time.monotonic() - started < 20
         assert value(families["pgqueue_exporter_up"], "pgqueue_exporter_up") == 0.0
+
+
+@pytest.mark.timeout(60)
+async def test_slots_in_use_is_read_when_scraped(db_dsn: str) -> None:
+    """``pgqueue_worker_slots_in_use`` is the worker's running jobs at the scrape (read then,
+    no longer set at every claim and freed slot), and ``pgqueue_jobs_claimed`` counts each
+    claimed job under its tier."""
+    import asyncio
+
+    from pgqueue.handlers.registry import Registry
+    from pgqueue.models import Job
+
+    registry = Registry()
+    started = 0
+    go = asyncio.Event()
+
+    @registry.handler("test.wait")
+    async def wait(job: Job) -> None:
+        nonlocal started
+        started += 1
+        await go.wait()
+
+    def claimed(families: dict[str, list[Any]], tier: str) -> float:
+        return sum(
+            s.value
+            for s in families.get("pgqueue_jobs_claimed", [])
+            if s.name == "pgqueue_jobs_claimed_total" and s.labels.get("priority") == tier
+        )
+
+    with psycopg.connect(db_dsn) as conn:
+        pgqueue.enqueue_many(
+            conn, [JobSpec("t", "user_action", {}, kind="test.wait") for _ in range(3)]
+        )
+        conn.commit()
+    before = claimed(scrape(WORKER_REGISTRY), "critical")
+    worker = Worker(
+        db_dsn, Settings(poll_interval_seconds=0.1), registry, concurrency=4, burst=True
+    )
+    run = asyncio.ensure_future(worker.run(install_signal_handlers=False))
+    try:
+        deadline = time.monotonic() + 20
+        while started < 3:
+            assert time.monotonic() < deadline and not run.done()
+            await asyncio.sleep(0.01)
+        during = await asyncio.to_thread(scrape, WORKER_REGISTRY)
+        assert value(during["pgqueue_worker_slots_in_use"], "pgqueue_worker_slots_in_use") == 3
+        assert claimed(during, "critical") - before == 3
+    finally:
+        go.set()
+        stats = await run
+    assert stats.outcomes["succeeded"] == 3
+    after = scrape(WORKER_REGISTRY)
+    assert value(after["pgqueue_worker_slots_in_use"], "pgqueue_worker_slots_in_use") == 0
