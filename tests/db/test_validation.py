@@ -669,3 +669,28 @@ def test_a_payload_under_the_cap_as_postgres_prints_it_is_stored(conn):
         conn, tenant_id="a", origin="scheduled", payload=payload, settings=settings_
     )
     assert job_id is not None
+
+
+@pytest.mark.parametrize("tenant", ["\u200b", "  ", "\t", "\u2060", "\ufeff\u200d"])
+@pytest.mark.parametrize(
+    "write",
+    [
+        "SELECT pgqueue.tenant_set(%s, 'pro', NULL, NULL)",
+        "SELECT pgqueue.ensure_tenant(%s)",
+        "INSERT INTO pgqueue.tenants (tenant_id) VALUES (%s)",
+    ],
+)
+def test_the_tenants_table_refuses_an_id_that_shows_nothing(conn, write, tenant):
+    """Found by a fresh-machine trial: tenant_set and ensure_tenant stored ids of U+200B, a tab
+    or spaces, which no command can name afterwards (every enqueue refused them already). The
+    table's CHECK tenants_tenant_id_visible refuses them from any writer (23514), and nothing
+    is stored; a visible id with an invisible character inside is taken."""
+    before = conn.execute("SELECT count(*) FROM pgqueue.tenants").fetchone()
+    with pytest.raises(psycopg.errors.CheckViolation, match="tenants_tenant_id_visible"):
+        conn.execute(write, (tenant,))
+    conn.rollback()
+    assert conn.execute("SELECT count(*) FROM pgqueue.tenants").fetchone() == before
+    conn.execute(write, ("a" + tenant,))
+    assert conn.execute(
+        "SELECT count(*) FROM pgqueue.tenants WHERE tenant_id = %s", ("a" + tenant,)
+    ).fetchone() == (1,)

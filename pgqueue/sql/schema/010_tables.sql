@@ -69,6 +69,19 @@ CREATE TABLE pgqueue.tenants (
 ALTER TABLE pgqueue.tenants
     ADD CONSTRAINT tenants_quantum_floor CHECK (((quantum IS NULL) OR (quantum >= (0.001)::double precision))) NOT VALID;
 
+-- A tenant id that shows nothing (only white space, control and format characters: the class
+-- of pgqueue/validation.py's INVISIBLE_CLASS and pgqueue.validate_job, text for text) is
+-- refused by every writer of the table, pgqueue.tenant_set and pgqueue.ensure_tenant among
+-- them (revision 0067; a tester stored U+200B and '  ' by them). NOT VALID: rows stored
+-- before stay.
+ALTER TABLE pgqueue.tenants
+    ADD CONSTRAINT tenants_tenant_id_visible CHECK (tenant_id !~ (
+        '^[\u0001-\u0020\u007f-\u00a0\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f'
+        || '\u0890-\u0891\u08e2\u115f-\u1160\u1680\u17b4-\u17b5\u180b-\u180f'
+        || '\u2000-\u200f\u2028-\u202f\u205f-\u206f\u3000\u3164\ufe00-\ufe0f'
+        || '\ufeff\uffa0\ufff0-\ufffb\U000110bd\U000110cd\U00013430-\U00013438'
+        || '\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]+$')) NOT VALID;
+
 -- The jobs. tenant_id is part of every key so that the table can be distributed by tenant
 -- (Citus); so there is no foreign key to tenants (020_settings_and_tenants.sql's triggers
 -- keep the reference instead, once per statement). `tier` is `priority` under the name the
