@@ -121,7 +121,7 @@ class OutageLog:
         if self._pool is not None:
             self._pool.cause = None
         if self._since is not None:
-            log.warning("database available again after %.0f s", time.monotonic() - self._since)
+            log.info("database available again after %.0f s", time.monotonic() - self._since)
             self._since = None
 
 
@@ -150,5 +150,5 @@ class BadSettingLog:
 
     def answered(self) -> None:
         if self._said is not None:
-            log.warning("claims resumed: the pgqueue settings are valid again")
+            log.info("claims resumed: the pgqueue settings are valid again")
             self._said = None

@@ -72,6 +72,8 @@ class Producer(JobRuns):
     _pool_warnings: PoolWarnings | None
     # monotonic time of the last pgqueue.settings_check that passed (None: not yet)
     _settings_checked: float | None = None
+    # whether a claim statement is under way (its jobs go back to the queue after a stop)
+    _claiming: bool = False
 
     async def _produce(self) -> None:
         """Claim until stopped (or, in burst mode, until nothing is left to run).
@@ -132,7 +134,11 @@ class Producer(JobRuns):
         self._wake.clear()
         if free > 0:
             want = min(free, batch)
-            claimed = await self._claim(want)
+            self._claiming = True
+            try:
+                claimed = await self._claim(want)
+            finally:
+                self._claiming = False
             if claimed == want:
                 return True  # the queue may hold more: claim again (at once if slots are free)
         timeout = self.settings.poll_interval_seconds * self._rng.uniform(0.8, 1.2)

@@ -168,18 +168,24 @@ class Worker(Producer):
             log.warning("second signal: returning running jobs to the queue")
             self.request_stop(hard=True)
         else:
-            # At WARNING, so that a plain `pgqueue work` shows it (found by a tester: the first
-            # Ctrl-C printed nothing for the up to 30 s it waited).
+            # INFO, which `pgqueue work` shows without -v (found by a tester: the first Ctrl-C
+            # printed nothing for the up to 30 s it waited; and a normal stop is no warning).
             waited_for = self._jobs.waited_for()
             if waited_for:
-                log.warning(
+                log.info(
                     "stopping: no new claims; waiting up to %g s for %d running job(s); press "
                     "Ctrl-C again (or send another SIGTERM) to return them to the queue now",
                     self.settings.shutdown_grace_seconds,
                     waited_for,
                 )
+            elif self._claiming:
+                # found by a tester: "no job running", then 16 jobs went back to the queue
+                log.info(
+                    "stopping: no new claims; no job running; the jobs of the claim under way "
+                    "go back to the queue unrun"
+                )
             else:
-                log.warning("stopping: no new claims; no job running")
+                log.info("stopping: no new claims; no job running")
             self.request_stop()
 
     # --------------------------------------------------------------------- run
@@ -349,6 +355,7 @@ class Worker(Producer):
         counted an attempt they never had."""
         unstarted = [job for job, task in self._jobs.running.values() if task.done()]
         if unstarted:
+            log.info("returning %d job(s) claimed as the stop came to the queue", len(unstarted))
             await self._budget.wait([asyncio.ensure_future(self._interrupt(j)) for j in unstarted])
 
     async def _close_handlers(self) -> None:

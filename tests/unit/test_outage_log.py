@@ -30,6 +30,7 @@ def _pool_warnings() -> None:
 
 def test_an_outage_is_one_line_as_it_starts_and_one_as_it_ends(caplog):
     caplog.set_level(logging.WARNING)
+    caplog.set_level(logging.INFO, logger="pgqueue.worker")
     quiet = PoolWarnings("pool-7")
     quiet.install()
     try:
@@ -50,7 +51,7 @@ def test_an_outage_is_one_line_as_it_starts_and_one_as_it_ends(caplog):
             f"error: {first_line(REFUSED)}): 2 job(s) keep running; claiming again when it "
             "answers",
         ),
-        ("pgqueue.worker", "WARNING", caplog.records[1].getMessage()),
+        ("pgqueue.worker", "INFO", caplog.records[1].getMessage()),  # good news
         ("psycopg.pool", "WARNING", "rolling back returned connection: <conn>"),
     ]
     assert caplog.records[1].getMessage().startswith("database available again after ")
