@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import psycopg
 import pytest
 
 from pgqueue.serving import GRACEFUL_STOP_SECONDS
@@ -117,6 +118,36 @@ def test_sigterm_answers_the_sandbox_request_in_flight():
     assert took < GRACEFUL_STOP_SECONDS + 5, took
     assert answer.status_code == 503, answer.text
     assert "shutting down" in answer.json()["error"]["message"]
+    assert "Traceback" not in err and "ERROR" not in err, err
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_cancels_the_dashboard_query_waiting_for_a_lock(db_dsn):
+    """Found by a tester: with pgqueue.tenants locked by another session, a SIGTERM during
+    GET /tenants waited for the lock (60 s), then printed "Cancel 1 running task(s)" and a
+    CancelledError traceback."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = _start("dashboard", "--port", str(port), "--dsn", db_dsn)
+    _wait_serving(server, f"{url}/")
+    with psycopg.connect(db_dsn) as locker, psycopg.connect(db_dsn, autocommit=True) as watch:
+        locker.execute("LOCK TABLE pgqueue.tenants IN ACCESS EXCLUSIVE MODE")
+
+        def under_way() -> bool:
+            row = watch.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                "'pgqueue-dashboard' AND wait_event_type = 'Lock'"
+            ).fetchone()
+            return row is not None and row[0] > 0
+
+        code, took, answer, err = _stop_with_a_request_in_flight(
+            server, lambda: httpx2.get(f"{url}/tenants", timeout=60), under_way
+        )
+        locker.rollback()
+    assert code == 0, err
+    assert took < GRACEFUL_STOP_SECONDS + 5, took
+    assert answer.status_code == 503, answer.text
+    assert "canceling statement" in answer.text
     assert "Traceback" not in err and "ERROR" not in err, err
 
 
