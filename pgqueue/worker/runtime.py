@@ -42,7 +42,7 @@ from pgqueue.worker.executor import runs_in_thread, sync_handlers_running
 from pgqueue.worker.inflight import InFlight
 from pgqueue.worker.lease_keeper import LeaseKeeper
 from pgqueue.worker.notifier import Notifier
-from pgqueue.worker.outage import POOL_RECONNECT_SECONDS, PoolWarnings
+from pgqueue.worker.outage import POOL_RECONNECT_SECONDS, OutageLog, PoolWarnings
 from pgqueue.worker.producer import Producer
 from pgqueue.worker.runs import UNRECORDED, WorkerStats
 
@@ -231,6 +231,11 @@ class Worker(Producer):
         # the pool's warnings of an outage, one per connection and attempt: INFO (outage.py)
         self._pool_warnings = PoolWarnings(self._pool.name)
         self._pool_warnings.install()
+        # one outage report, whichever loop sees it: the producer's claims, or the heartbeat,
+        # the rescuer and the upkeep loops on this pool (found by a tester: a busy worker
+        # reported none, and an idle one each upkeep loop's failure too)
+        self._outage = OutageLog(self._pool_warnings, running=lambda: len(self._jobs.running))
+        self._pool.outage = self._outage
         await self._pool.open(wait=True)
         self._completer = Completer(self._pool, self.settings, write_slots=max(1, pool_size - 3))
         self._completer.start()
