@@ -24,6 +24,9 @@ def main() -> None:
     Raises:
         SystemExit: always, with the command's exit status.
     """
+    from _pgqueue_launcher import stop_servers_on_sigterm
+
+    stop_servers_on_sigterm(sys.argv)  # (again, for `python -m pgqueue`)
     try:
         from pgqueue.cli import app
 

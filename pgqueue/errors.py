@@ -145,6 +145,11 @@ class SchemaOutOfDate(InfrastructureError):
     """The database schema is behind this version of pgqueue; run ``pgqueue migrate``."""
 
 
+class NotUtf8Database(InfrastructureError):
+    """The database's encoding is not UTF8: pgqueue stores JSON and tenant names as text, which
+    needs it (``pgqueue migrate`` refuses such a database before it changes anything)."""
+
+
 class InvalidSetting(InfrastructureError):
     """A ``pgqueue.*`` setting (GUC) of the database, role or session holds a value out of its
     range, or not a number (``pgqueue.setting_value``); the message names the setting, its

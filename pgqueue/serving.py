@@ -8,30 +8,56 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
 import uvicorn
 
+#: Seconds a stopping server gives the requests in flight (uvicorn's
+#: ``timeout_graceful_shutdown``): the apps end their long waits as the stop begins
+#: (:class:`StoppingServer`), so this is only a bound, past which uvicorn cancels them.
+GRACEFUL_STOP_SECONDS = 3
+
+
+class StoppingServer(uvicorn.Server):
+    """A uvicorn server that, as its shutdown begins (a signal, or ``should_exit``), first
+    awaits ``on_stop``: the app's cue to end its long waits (the sandbox's simulated latency,
+    the dashboard's queries), so that the requests in flight are answered within
+    :data:`GRACEFUL_STOP_SECONDS`. Found by testers: uvicorn cancelled them after its grace
+    ("Cancel 1 running task(s)", a CancelledError traceback, the client got 500), and a page
+    whose query waited for a lock held the dashboard's stop for as long as the lock."""
+
+    def __init__(
+        self, config: uvicorn.Config, on_stop: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        super().__init__(config)
+        self._on_stop = on_stop
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._on_stop is not None:
+            await self._on_stop()
+        await super().shutdown(sockets)
+
 
 def serve_until_stopped(server: uvicorn.Server) -> None:
     """Run ``server`` in this (the main) thread until SIGTERM or Ctrl-C, then return once it
-    has shut down gracefully: a SIGTERM ends the process with exit 0, as a stopped server
-    does, and Ctrl-C with KeyboardInterrupt (the command line's 130).
+    has shut down gracefully: a SIGTERM is a normal end (the command exits 0, as a stopped
+    server does), Ctrl-C raises KeyboardInterrupt (the command line's 130).
 
     uvicorn answers either signal by shutting down, then raises it again under the handler
     that was there before it started (so that the process "dies of it"): for SIGTERM, the
     default one killed the process, exit 143 (found by a tester, `pgqueue sandbox` under a
-    process supervisor). Here that handler is one that raises ``SystemExit(0)``, which also
-    stops a server that has not started yet.
+    process supervisor). Here that handler only asks the server to stop (one that comes before
+    uvicorn takes the signal over stops it as it starts). It raises nothing: found by a tester,
+    a ``SystemExit`` raised from it ran inside the event loop, in a request's task.
 
     Raises:
-        SystemExit: 0 after a SIGTERM; uvicorn's own when it cannot bind the address.
+        SystemExit: uvicorn's, when it cannot bind the address.
         KeyboardInterrupt: after a Ctrl-C (SIGINT), once the server has shut down.
     """
 
     def terminated(signum: int, frame: object) -> None:
-        raise SystemExit(0)
+        server.should_exit = True
 
     previous = signal.signal(signal.SIGTERM, terminated)
     try:

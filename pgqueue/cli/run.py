@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -99,6 +100,8 @@ def work(
 
         start_http_server(metrics_port, addr=metrics_host, registry=WORKER_REGISTRY)
         _warn_if_beyond_this_machine(metrics_host)
+    # the worker's INFO lines are its life cycle (a stop, the end of an outage): shown without -v
+    logging.getLogger("pgqueue.worker").setLevel(logging.INFO)
     worker = Worker(target, settings, registry, concurrency=concurrency, burst=burst, listen=listen)
     wake = "LISTEN/NOTIFY" if listen else "polling only"
     err_console.print(

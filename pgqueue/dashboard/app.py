@@ -16,7 +16,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,11 +127,45 @@ class Dashboard:
             timeout=10.0,  # a page waits this long for a connection, then answers 503
             open=False,
         )
+        # the connections of the pages and actions under way (cancel_statements cancels them)
+        self._in_use: set[psycopg.Connection[Any]] = set()
+        self._in_use_lock = threading.Lock()
+        self.stopping = False
         self._fairness_read: tuple[float, dict[str, Any]] | None = None
         self._fairness_lock = threading.Lock()
         self.executor = ThreadPoolExecutor(
             max_workers=config.pool_size, thread_name_prefix="pgqueue-dashboard"
         )
+
+    # --- connections
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection for one page part or action; :meth:`cancel_statements` cancels
+        its statement. Raises ``psycopg.errors.QueryCanceled`` once the dashboard is stopping
+        (the page answers 503)."""
+        with self.pool.connection() as conn:
+            with self._in_use_lock:
+                if self.stopping:
+                    raise psycopg.errors.QueryCanceled("the dashboard is stopping")
+                self._in_use.add(conn)
+            try:
+                yield conn
+            finally:
+                with self._in_use_lock:
+                    self._in_use.discard(conn)
+
+    def cancel_statements(self) -> None:
+        """The server is stopping: cancel the statements of the pages and actions under way
+        (they answer 503; an action's transaction rolls back) and start no more. Found by a
+        tester: a page whose query waited for a lock held the stop for as long as the lock,
+        then ended in a CancelledError traceback."""
+        with self._in_use_lock:
+            self.stopping = True
+            running = list(self._in_use)
+        for conn in running:
+            with contextlib.suppress(psycopg.Error):
+                conn.cancel_safe(timeout=2.0)
 
     # --- rendering
 
@@ -199,22 +233,23 @@ class Dashboard:
             value = self._read(data.fairness, self.config.window_seconds)
             self._fairness_read = (time.monotonic(), value)
         except Exception:  # the next page tries again; its error is the page's to show
-            log.warning("reading Jain's index failed", exc_info=True)
+            if not self.stopping:  # (cancelled by the stop)
+                log.warning("reading Jain's index failed", exc_info=True)
         finally:
             self._fairness_lock.release()
 
     def _read(self, part: Callable[..., dict[str, Any]], window_seconds: float) -> dict[str, Any]:
-        with self.pool.connection() as conn:
+        with self.connection() as conn:
             return part(conn, window_seconds=window_seconds)
 
     def tenants(self, request: Request) -> Response:
-        with self.pool.connection() as conn:
+        with self.connection() as conn:
             rows = data.tenants(conn, window_seconds=self.config.window_seconds)
         context = {"tenants": rows, "window_seconds": self.config.window_seconds}
         return self.render(request, "tenants", "Tenants", context)
 
     def schedule(self, request: Request) -> Response:
-        with self.pool.connection() as conn:
+        with self.connection() as conn:
             found = data.schedule(conn)
         return self.render(request, "schedule", "Schedule", found)
 
@@ -229,7 +264,7 @@ class Dashboard:
             before_id = actions.parse_job_id(before) if before else None
         except UsageError as exc:
             return self.refused(request, 400, str(exc))
-        with self.pool.connection() as conn:
+        with self.connection() as conn:
             rows = list_jobs(conn, where, limit=JOBS_PER_PAGE, before_id=before_id)
         older = None
         if len(rows) == JOBS_PER_PAGE:
@@ -247,7 +282,7 @@ class Dashboard:
     def job(self, request: Request) -> Response:
         job_id: int = request.path_params["job_id"]
         try:
-            with self.pool.connection() as conn:
+            with self.connection() as conn:
                 found = job_detail(conn, job_id)
         except UsageError as exc:
             return self.refused(request, 400, str(exc))
@@ -313,7 +348,7 @@ class Dashboard:
     def _run_action(
         self, run: Callable[[psycopg.Connection[Any], dict[str, str]], str], form: dict[str, str]
     ) -> str:
-        with self.pool.connection() as conn:
+        with self.connection() as conn:
             return run(conn, form)
 
 

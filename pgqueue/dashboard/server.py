@@ -3,24 +3,34 @@ background thread on a free port of 127.0.0.1 (``running_dashboard``, for tests 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import uvicorn
 
-from pgqueue.dashboard.app import DashboardConfig, create_app
-from pgqueue.serving import serve_until_stopped, serving_in_thread
+from pgqueue.dashboard.app import Dashboard, DashboardConfig, create_app
+from pgqueue.serving import (
+    GRACEFUL_STOP_SECONDS,
+    StoppingServer,
+    serve_until_stopped,
+    serving_in_thread,
+)
 
 #: Seconds ``running_dashboard`` waits for uvicorn to start, and again for it to stop.
 STARTUP_TIMEOUT_SECONDS = 15.0
 
 
-def _config(config: DashboardConfig, host: str, port: int, *, quiet: bool) -> uvicorn.Config:
+def _server(config: DashboardConfig, host: str, port: int, *, quiet: bool) -> StoppingServer:
+    """A server of the dashboard: as it stops, the statements of the pages under way are
+    cancelled (:meth:`Dashboard.cancel_statements`)."""
+    app = create_app(config)
+    board: Dashboard = app.state.dashboard
     # quiet: leave the process's logging config alone (tests, bench)
     logging_kwargs: dict[str, Any] = {"log_config": None} if quiet else {}
-    return uvicorn.Config(
-        create_app(config),
+    settings = uvicorn.Config(
+        app,
         host=host,
         port=port,
         http="h11",
@@ -28,21 +38,26 @@ def _config(config: DashboardConfig, host: str, port: int, *, quiet: bool) -> uv
         lifespan="on",
         access_log=False,
         log_level="warning",
-        timeout_graceful_shutdown=2,
+        timeout_graceful_shutdown=GRACEFUL_STOP_SECONDS,
         **logging_kwargs,
     )
+
+    async def stop() -> None:
+        await asyncio.to_thread(board.cancel_statements)
+
+    return StoppingServer(settings, on_stop=stop)
 
 
 def serve(config: DashboardConfig, host: str = "127.0.0.1", port: int = 8780) -> None:
     """Serve the dashboard on ``host:port`` until stopped (blocks): SIGTERM shuts it down and
-    exits 0, Ctrl-C shuts it down and raises KeyboardInterrupt (:func:`serve_until_stopped`).
+    returns (the statements of pages under way are cancelled: they answer 503), Ctrl-C shuts
+    it down and raises KeyboardInterrupt (:func:`serve_until_stopped`).
 
     Raises:
-        SystemExit: 0 after SIGTERM; uvicorn's, if it could not bind the address or open the
-            database pool.
+        SystemExit: uvicorn's, if it could not bind the address or open the database pool.
         KeyboardInterrupt: after Ctrl-C.
     """
-    serve_until_stopped(uvicorn.Server(_config(config, host, port, quiet=False)))
+    serve_until_stopped(_server(config, host, port, quiet=False))
 
 
 @contextmanager
@@ -54,7 +69,7 @@ def running_dashboard(config: DashboardConfig) -> Iterator[str]:
         RuntimeError: uvicorn did not start within :data:`STARTUP_TIMEOUT_SECONDS`.
     """
     with serving_in_thread(
-        lambda port: uvicorn.Server(_config(config, "127.0.0.1", port, quiet=True)),
+        lambda port: _server(config, "127.0.0.1", port, quiet=True),
         "dashboard",
         STARTUP_TIMEOUT_SECONDS,
     ) as url:

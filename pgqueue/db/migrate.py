@@ -12,7 +12,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 
 from pgqueue.db import queries
-from pgqueue.errors import SchemaOutOfDate
+from pgqueue.errors import NotUtf8Database, SchemaOutOfDate
 
 
 def schema_files() -> list[Traversable]:
@@ -66,15 +66,38 @@ def _unknown_revision(current: str) -> SchemaOutOfDate:
     )
 
 
+def check_encoding(conn: psycopg.Connection[Any]) -> None:
+    """Raise unless the database of ``conn`` is encoded in UTF8 (its ``server_encoding``).
+
+    Found by a tester: on a SQL_ASCII database `pgqueue migrate` failed with a traceback
+    (text came back as bytes), and on a LATIN1 one with a misleading "text that is not valid
+    UTF-8".
+
+    Raises:
+        NotUtf8Database: naming the database, its encoding and how to create a UTF8 one.
+    """
+    encoding = conn.info.parameter_status("server_encoding")
+    if encoding == "UTF8":
+        return
+    name = conn.info.dbname
+    raise NotUtf8Database(
+        f"database {name!r} is encoded in {encoding}, but pgqueue needs a UTF8 database; "
+        "create one with CREATE DATABASE <name> ENCODING 'UTF8' TEMPLATE template0 (with "
+        "LC_COLLATE and LC_CTYPE of a UTF-8 locale, or 'C'), and point pgqueue at it"
+    )
+
+
 def upgrade(dsn: str, revision: str = "head") -> None:
     """Bring the ``pgqueue`` schema to ``revision``; safe to run from many processes at once.
 
     Raises:
+        NotUtf8Database: the database is not encoded in UTF8 (nothing is done).
         SchemaOutOfDate: the database is at a revision newer than this pgqueue, or at one of
             the revisions before the baseline (0001-0029), whose text is no longer shipped.
         psycopg.Error: the database refused a statement (the transaction is rolled back).
     """
     with psycopg.connect(dsn, autocommit=True) as conn:
+        check_encoding(conn)
         current = current_revision(conn)
         granted = _granted(conn)
     if current is not None and current not in known_revisions():

@@ -92,6 +92,21 @@ def _rate_limit_message(admission: Admission, cfg: SandboxConfig) -> str:
     return f"This request would exceed the sandbox rate limit of {which}."
 
 
+async def _slept(nap: Awaitable[None], stopping: asyncio.Event) -> bool:
+    """Await ``nap`` unless ``stopping`` is set first (the server is shutting down); whether
+    it ran to its end."""
+    if stopping.is_set():
+        return False
+    slept = asyncio.ensure_future(nap)
+    stopped = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait({slept, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        slept.cancel()
+        stopped.cancel()
+    return not slept.cancelled() and slept.done()
+
+
 def create_app(
     config: SandboxConfig | None = None,
     *,
@@ -110,7 +125,9 @@ def create_app(
     Returns:
         A Starlette app. Its state is on ``app.state.sandbox`` (a :class:`SandboxState`),
         its Message Batches on ``app.state.batches`` (a
-        :class:`~pgqueue.sandbox.batches.BatchStore`).
+        :class:`~pgqueue.sandbox.batches.BatchStore`). Setting ``app.state.stopping`` (an
+        ``asyncio.Event``; the server does as it shuts down) ends the simulated latency of
+        the requests in flight: they are answered 503, "the sandbox is shutting down".
 
     Routes:
         ``POST /v1/messages``, ``POST /v1/messages/count_tokens``, ``GET /v1/models``,
@@ -120,6 +137,7 @@ def create_app(
     cfg = config if config is not None else SandboxConfig()
     state = SandboxState(cfg, clock=clock, wall_clock=wall_clock)
     batches = BatchStore(wall_clock, cfg.batch_processing_seconds, cfg.output_ratio)
+    stopping = asyncio.Event()
 
     async def messages(request: Request) -> Response:
         state.counts["requests"] += 1
@@ -158,8 +176,10 @@ def create_app(
         output_tokens = output_token_count(max_tokens, cfg.output_ratio)
         try:
             latency = cfg.base_latency_seconds + output_tokens * cfg.seconds_per_output_token
-            if latency > 0:
-                await sleep(latency)
+            if latency > 0 and not await _slept(sleep(latency), stopping):
+                # found by a tester: cancelled by uvicorn at its stop, it answered 500 with a
+                # traceback on the server's stderr
+                return _error(503, "the sandbox is shutting down", state.ratelimit_headers())
         finally:
             state.limiter.refund_output(max_tokens - output_tokens)
         state.record_admission(input_tokens, output_tokens)
@@ -250,4 +270,5 @@ def create_app(
     )
     app.state.sandbox = state
     app.state.batches = batches
+    app.state.stopping = stopping
     return app

@@ -17,7 +17,12 @@ import uvicorn
 from starlette.applications import Starlette
 
 from pgqueue.sandbox.app import SandboxConfig, create_app
-from pgqueue.serving import serve_until_stopped, serving_in_thread
+from pgqueue.serving import (
+    GRACEFUL_STOP_SECONDS,
+    StoppingServer,
+    serve_until_stopped,
+    serving_in_thread,
+)
 
 __all__ = ["running_sandbox", "serve"]
 
@@ -39,20 +44,34 @@ def _uvicorn_config(
         lifespan="off",
         access_log=False,
         log_level="warning",
-        timeout_graceful_shutdown=2,
+        timeout_graceful_shutdown=GRACEFUL_STOP_SECONDS,
         **logging_kwargs,
     )
 
 
 def serve(config: SandboxConfig, host: str = "127.0.0.1", port: int = 8765) -> None:
     """Serve the sandbox on ``host:port`` until stopped (blocks): SIGTERM shuts it down and
-    exits 0, Ctrl-C shuts it down and raises KeyboardInterrupt (:func:`serve_until_stopped`).
+    returns (requests in flight are answered 503 at once), Ctrl-C shuts it down and raises
+    KeyboardInterrupt (:func:`serve_until_stopped`).
 
     Raises:
-        SystemExit: 0 after SIGTERM; uvicorn's, if it cannot bind the address (it logs why).
+        SystemExit: uvicorn's, if it cannot bind the address (it logs why).
         KeyboardInterrupt: after Ctrl-C.
     """
-    serve_until_stopped(uvicorn.Server(_uvicorn_config(create_app(config), host=host, port=port)))
+    app = create_app(config)
+    serve_until_stopped(_server(_uvicorn_config(app, host=host, port=port)))
+
+
+def _server(config: uvicorn.Config) -> StoppingServer:
+    """A server of the sandbox app ``config.app``: as it stops, the simulated latency of the
+    requests in flight ends (they are answered 503)."""
+    app = config.app
+    assert isinstance(app, Starlette)
+
+    async def stop() -> None:
+        app.state.stopping.set()
+
+    return StoppingServer(config, on_stop=stop)
 
 
 @contextmanager
@@ -77,7 +96,7 @@ def running_sandbox(
     """
     app = create_app(config, clock=clock, wall_clock=wall_clock)
     with serving_in_thread(
-        lambda port: uvicorn.Server(
+        lambda port: _server(
             _uvicorn_config(app, host="127.0.0.1", port=port, configure_logging=False)
         ),
         "sandbox server",

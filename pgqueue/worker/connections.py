@@ -17,6 +17,8 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from pgqueue.worker.outage import OutageLog
+
 #: libpq options for the worker's connections: TCP keepalives (a peer gone without a close is
 #: found after about 30 + 3 × 10 s of silence) and a bound on connecting (seconds). libpq
 #: ignores the keepalives on a Unix socket.
@@ -47,7 +49,12 @@ class WorkerPool(AsyncConnectionPool[Any]):
     while it sat idle (:func:`ended_while_idle`): such a connection is closed and given back
     (the pool replaces it) and the next one is taken, at once. (psycopg_pool's own ``check``
     waits 1, 2, 4 … s between failed checks: under a storm of terminations it stalled every
-    claim for tens of seconds.)"""
+    claim for tens of seconds.)
+
+    ``outage`` is the worker's :class:`~pgqueue.worker.outage.OutageLog`, which the loops
+    that run on this pool report their connection failures to (None: they log them)."""
+
+    outage: OutageLog | None = None
 
     async def getconn(self, timeout: float | None = None) -> Any:  # noqa: ASYNC109 (the base's)
         for _ in range(self.max_size):

@@ -3,7 +3,8 @@ jobs whose lease expired (rescue). When they run and what the worker counts from
 is :mod:`pgqueue.worker.lease_keeper`'s.
 
 Every write is fenced by the lease token (``docs/operations.md``); a database error is logged
-and the next round tries again.
+(unless the worker's outage report covers it: :func:`pgqueue.worker.outage.upkeep_failed`) and
+the next round tries again.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pgqueue.db import queries
 from pgqueue.models import Job, Lease
+from pgqueue.worker.outage import UPKEEP_CONNECTION_WAIT_SECONDS, upkeep_answered, upkeep_failed
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -39,11 +41,12 @@ async def extend(
     """
     params = {**held_leases(jobs), "lease_seconds": lease_seconds}
     try:
-        async with pool.connection() as conn:
+        async with pool.connection(timeout=UPKEEP_CONNECTION_WAIT_SECONDS) as conn:
             rows = await queries.arun(conn, "job_heartbeat", params)
     except psycopg.Error as exc:
-        log.warning("heartbeat failed (%s); will retry", exc)
+        upkeep_failed(pool, "heartbeat", exc)
         return None
+    upkeep_answered(pool)
     return {(r["id"], r["lease_token"]) for r in rows}
 
 
@@ -58,10 +61,10 @@ async def why_not_extended(
     on a database error (logged; the next heartbeat asks again). Found by a tester: a held row
     was taken for a lost lease, for good."""
     try:
-        async with pool.connection() as conn:
+        async with pool.connection(timeout=UPKEEP_CONNECTION_WAIT_SECONDS) as conn:
             rows = await queries.arun(conn, "job_lease_states", {"ids": [j.id for j in jobs]})
     except psycopg.Error as exc:
-        log.warning("could not read the state of jobs whose lease was not extended (%s)", exc)
+        upkeep_failed(pool, "reading the state of jobs whose lease was not extended", exc)
         return None
     committed = {r["id"]: (r["state"], r["lease_token"], r["tenant_id"]) for r in rows}
     verdicts: dict[Lease, str] = {}
@@ -87,9 +90,10 @@ async def rescue(pool: AsyncConnectionPool[Any], limit: int = 1000) -> list[dict
     ``pgqueue.leader_locks``). Returns their
     ``id`` and new ``state``; an empty list on a database error (logged)."""
     try:
-        async with pool.connection() as conn:
+        async with pool.connection(timeout=UPKEEP_CONNECTION_WAIT_SECONDS) as conn:
             rows: list[dict[str, Any]] = await queries.arun(conn, "job_rescue", {"limit": limit})
     except psycopg.Error as exc:
-        log.warning("rescue failed (%s); will retry", exc)
+        upkeep_failed(pool, "rescue", exc)
         return []
+    upkeep_answered(pool)
     return rows

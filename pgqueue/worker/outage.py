@@ -6,7 +6,8 @@ SIGTERM during an outage took ~53 s (one pool wait and one retry window of 30 s 
 resumed 20–35 s after the database came back (psycopg_pool's doubling backoff); and an outage
 printed psycopg_pool's warnings, one per connection and attempt (some 30 lines in 25 s), around
 the worker's own line. The worker now says one line when it starts and one when it ends
-(:class:`OutageLog`), naming the pool's last connection error as the cause, and the pool's
+(:class:`OutageLog`, whichever of its loops sees it), naming the pool's last connection error
+as the cause, and the pool's
 warnings of that kind are INFO (:class:`PoolWarnings`; psycopg sets its loggers to WARNING,
 so they show once the ``psycopg`` logger is set to INFO).
 """
@@ -15,8 +16,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
-from pgqueue.worker.transient import first_line
+import psycopg
+from psycopg_pool import PoolTimeout
+
+from pgqueue.worker.transient import first_line, is_transient
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -28,6 +34,10 @@ OUTAGE_REPORT_SECONDS = 60.0
 #: connection, before the producer reports an outage and tries again after a pause: so that it
 #: notices a stop within seconds while the database does not answer.
 PRODUCER_RETRY_SECONDS = 5.0
+#: How long the worker's other loops (heartbeat, rescue, upkeep) wait for a pooled connection:
+#: as the producer's, so that whichever loop runs notices an outage within seconds (a busy
+#: worker's producer does not claim; found by a tester: such a worker reported no outage).
+UPKEEP_CONNECTION_WAIT_SECONDS = PRODUCER_RETRY_SECONDS
 #: The pool gives up a reconnection attempt after this long and starts afresh at the next
 #: request, so that its backoff between attempts (1, 2, 4 … s, doubling) stays short (with
 #: psycopg_pool's default, 300 s, a worker resumed 20–35 s after the database came back).
@@ -87,19 +97,34 @@ class PoolWarnings(logging.Filter):
 
 
 class OutageLog:
-    """The producer's record of an outage: one warning when claims start failing (naming the
-    pool's last connection error, from ``pool``), one every :data:`OUTAGE_REPORT_SECONDS` while
-    they go on, one when a claim succeeds again. The outage is timed from the start of the
-    first claim that failed (monotonic seconds)."""
+    """A worker's record of an outage of its database: one warning when it starts (naming the
+    pool's last connection error, from ``pool``), one every :data:`OUTAGE_REPORT_SECONDS`
+    while it goes on, one (INFO) when a statement succeeds again. Any of the worker's loops
+    may start it and end it: the producer's claims (:meth:`failed`), the heartbeat, the
+    rescuer and the upkeep loops (:meth:`covers`, :meth:`answered`, through
+    :func:`upkeep_failed` and :func:`upkeep_answered`). The outage is timed from the start of
+    the first statement that failed (monotonic seconds).
 
-    def __init__(self, pool: PoolWarnings | None = None) -> None:
+    Args:
+        pool: the filter on the pool's warnings, which keeps its last connection error.
+        running: how many jobs the worker runs (for the first line).
+    """
+
+    def __init__(
+        self, pool: PoolWarnings | None = None, running: Callable[[], int] = lambda: 0
+    ) -> None:
         self._since: float | None = None
         self._reported = 0.0
         self._pool = pool
+        self._running = running
 
-    def failed(self, tried: float, error: BaseException, running: int) -> None:
-        """A claim that started at ``tried`` failed past its retries with ``error``, while
-        ``running`` jobs are in flight."""
+    @property
+    def known(self) -> bool:
+        """Whether the worker knows its database unavailable (an outage has been reported)."""
+        return self._since is not None
+
+    def failed(self, tried: float, error: BaseException) -> None:
+        """A claim that started at ``tried`` failed past its retries with ``error``."""
         now = time.monotonic()
         if self._since is None:
             self._since, self._reported = tried, now
@@ -110,19 +135,60 @@ class OutageLog:
             log.warning(
                 "database unavailable (%s): %d job(s) keep running; claiming again when it answers",
                 said,
-                running,
+                self._running(),
             )
         elif now - self._reported >= OUTAGE_REPORT_SECONDS:
             self._reported = now
             log.warning("database unavailable for %.0f s; still trying", now - self._since)
 
+    def covers(self, error: BaseException) -> bool:
+        """Whether the failure ``error`` of a loop other than the producer's is this outage's
+        (then the outage's lines say it, not the loop): a lost connection or a connection
+        not had while the outage is known; or one not had from the pool (``PoolTimeout``)
+        while the pool's last attempt to connect failed, which starts the outage. A database
+        that still accepts connections (its sessions ended one by one) starts none
+        (tests/worker/test_kill_storm.py)."""
+        if not _lost_connection(error):
+            return False
+        if self._since is None:
+            if not isinstance(error, PoolTimeout) or self._pool is None or not self._pool.cause:
+                return False
+            self.failed(time.monotonic() - UPKEEP_CONNECTION_WAIT_SECONDS, error)
+        return True
+
     def answered(self) -> None:
-        """A claim succeeded: ends the outage, if there was one."""
+        """A statement succeeded: ends the outage, if there was one."""
         if self._pool is not None:
             self._pool.cause = None
         if self._since is not None:
-            log.warning("database available again after %.0f s", time.monotonic() - self._since)
+            log.info("database available again after %.0f s", time.monotonic() - self._since)
             self._since = None
+
+
+def _lost_connection(error: BaseException) -> bool:
+    """Whether ``error`` is a transient error of the connection (not a deadlock or a
+    serialization failure, which a database that answers raises)."""
+    conflict = psycopg.errors.DeadlockDetected | psycopg.errors.SerializationFailure
+    return is_transient(error) and not isinstance(error, conflict)
+
+
+def upkeep_failed(pool: Any, what: str, error: BaseException) -> None:
+    """Say that the upkeep statement ``what`` failed with ``error`` and will be retried: a
+    warning, unless the outage of the worker whose pool is ``pool`` (its ``outage``
+    attribute, :class:`~pgqueue.worker.connections.WorkerPool`) covers it. Found by a tester:
+    an idle worker logged 15 lines through a 95 s outage, 10 of them "… failed (couldn't get
+    a connection after 30.00 sec); will retry" of its upkeep loops."""
+    outage = getattr(pool, "outage", None)
+    if isinstance(outage, OutageLog) and outage.covers(error):
+        return
+    log.warning("%s failed (%s); will retry", what, error)
+
+
+def upkeep_answered(pool: Any) -> None:
+    """An upkeep statement on ``pool`` succeeded: it ends the outage of the pool's worker."""
+    outage = getattr(pool, "outage", None)
+    if isinstance(outage, OutageLog):
+        outage.answered()
 
 
 #: How long the producer waits before claiming again while a ``pgqueue.*`` setting is malformed.
@@ -150,5 +216,5 @@ class BadSettingLog:
 
     def answered(self) -> None:
         if self._said is not None:
-            log.warning("claims resumed: the pgqueue settings are valid again")
+            log.info("claims resumed: the pgqueue settings are valid again")
             self._said = None

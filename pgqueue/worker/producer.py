@@ -70,8 +70,12 @@ class Producer(JobRuns):
     _blocked_seconds: float | None
     _pool: AsyncConnectionPool[Any] | None
     _pool_warnings: PoolWarnings | None
+    # the worker's outage report, which every loop starts and ends (outage.py)
+    _outage: OutageLog
     # monotonic time of the last pgqueue.settings_check that passed (None: not yet)
     _settings_checked: float | None = None
+    # whether a claim statement is under way (its jobs go back to the queue after a stop)
+    _claiming: bool = False
 
     async def _produce(self) -> None:
         """Claim until stopped (or, in burst mode, until nothing is left to run).
@@ -88,7 +92,7 @@ class Producer(JobRuns):
         worker stops with the error instead.
         """
         batch = min(self.concurrency, self.settings.claim_batch_max or self.concurrency)
-        outage = OutageLog(self._pool_warnings)
+        outage = self._outage
         bad_setting = BadSettingLog()
         while not self._stopping:
             tried = time.monotonic()
@@ -106,11 +110,10 @@ class Producer(JobRuns):
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                outage.failed(tried, exc, len(self._jobs.running))
+                outage.failed(tried, exc)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), OUTAGE_PAUSE_SECONDS)
                 continue
-            outage.answered()
             bad_setting.answered()
             if not more:
                 return
@@ -132,7 +135,11 @@ class Producer(JobRuns):
         self._wake.clear()
         if free > 0:
             want = min(free, batch)
-            claimed = await self._claim(want)
+            self._claiming = True
+            try:
+                claimed = await self._claim(want)
+            finally:
+                self._claiming = False
             if claimed == want:
                 return True  # the queue may hold more: claim again (at once if slots are free)
         timeout = self.settings.poll_interval_seconds * self._rng.uniform(0.8, 1.2)
@@ -190,6 +197,7 @@ class Producer(JobRuns):
         with _setting_errors_typed():
             async with self._pool.connection(timeout=PRODUCER_RETRY_SECONDS) as conn:
                 await queries.arun(conn, "settings_check", {}, prepare=False)
+        self._outage.answered()
         self._settings_checked = now
 
     async def _claim(self, limit: int) -> int:
@@ -211,6 +219,8 @@ class Producer(JobRuns):
                 retry_seconds=PRODUCER_RETRY_SECONDS,
                 connection_wait_seconds=PRODUCER_RETRY_SECONDS,
             )
+        # (a busy producer claims nothing: only a statement that succeeded ends an outage)
+        self._outage.answered()
         first = next((row for row in rows if row["id"] is not None), None)
         if first is not None and not first["durable"]:
             await self._make_durable(first)

@@ -42,7 +42,7 @@ from pgqueue.worker.executor import runs_in_thread, sync_handlers_running
 from pgqueue.worker.inflight import InFlight
 from pgqueue.worker.lease_keeper import LeaseKeeper
 from pgqueue.worker.notifier import Notifier
-from pgqueue.worker.outage import POOL_RECONNECT_SECONDS, PoolWarnings
+from pgqueue.worker.outage import POOL_RECONNECT_SECONDS, OutageLog, PoolWarnings
 from pgqueue.worker.producer import Producer
 from pgqueue.worker.runs import UNRECORDED, WorkerStats
 
@@ -168,18 +168,24 @@ class Worker(Producer):
             log.warning("second signal: returning running jobs to the queue")
             self.request_stop(hard=True)
         else:
-            # At WARNING, so that a plain `pgqueue work` shows it (found by a tester: the first
-            # Ctrl-C printed nothing for the up to 30 s it waited).
+            # INFO, which `pgqueue work` shows without -v (found by a tester: the first Ctrl-C
+            # printed nothing for the up to 30 s it waited; and a normal stop is no warning).
             waited_for = self._jobs.waited_for()
             if waited_for:
-                log.warning(
+                log.info(
                     "stopping: no new claims; waiting up to %g s for %d running job(s); press "
                     "Ctrl-C again (or send another SIGTERM) to return them to the queue now",
                     self.settings.shutdown_grace_seconds,
                     waited_for,
                 )
+            elif self._claiming:
+                # found by a tester: "no job running", then 16 jobs went back to the queue
+                log.info(
+                    "stopping: no new claims; no job running; the jobs of the claim under way "
+                    "go back to the queue unrun"
+                )
             else:
-                log.warning("stopping: no new claims; no job running")
+                log.info("stopping: no new claims; no job running")
             self.request_stop()
 
     # --------------------------------------------------------------------- run
@@ -227,6 +233,11 @@ class Worker(Producer):
         # the pool's warnings of an outage, one per connection and attempt: INFO (outage.py)
         self._pool_warnings = PoolWarnings(self._pool.name)
         self._pool_warnings.install()
+        # one outage report, whichever loop sees it: the producer's claims, or the heartbeat,
+        # the rescuer and the upkeep loops on this pool (found by a tester: a busy worker
+        # reported none, and an idle one each upkeep loop's failure too)
+        self._outage = OutageLog(self._pool_warnings, running=lambda: len(self._jobs.running))
+        self._pool.outage = self._outage
         await self._pool.open(wait=True)
         self._completer = Completer(self._pool, self.settings, write_slots=max(1, pool_size - 3))
         self._completer.start()
@@ -351,6 +362,7 @@ class Worker(Producer):
         counted an attempt they never had."""
         unstarted = [job for job, task in self._jobs.running.values() if task.done()]
         if unstarted:
+            log.info("returning %d job(s) claimed as the stop came to the queue", len(unstarted))
             await self._budget.wait([asyncio.ensure_future(self._interrupt(j)) for j in unstarted])
 
     async def _close_handlers(self) -> None:

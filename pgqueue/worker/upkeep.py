@@ -2,7 +2,8 @@
 flow rows, counter compaction, and the vacuum of the scheduler's small, hot tables. Each
 touches only the database (no worker state); the worker (``pgqueue.worker.runtime``) starts
 the loops and passes its pool (retention and flows on the rescuer's round,
-``pgqueue.worker.lease_keeper``).
+``pgqueue.worker.lease_keeper``). A failure is logged unless the worker's outage report covers
+it (:func:`pgqueue.worker.outage.upkeep_failed`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pgqueue.db import queries
+from pgqueue.worker.outage import UPKEEP_CONNECTION_WAIT_SECONDS, upkeep_answered, upkeep_failed
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -37,10 +39,10 @@ async def prune(pool: Pool, older_than_seconds: float) -> None:
     logged."""
     params = {"older_than_seconds": older_than_seconds, "limit": 5000}
     try:
-        async with pool.connection() as conn:
+        async with pool.connection(timeout=UPKEEP_CONNECTION_WAIT_SECONDS) as conn:
             await queries.arun(conn, "job_prune", params)
     except psycopg.Error as exc:
-        log.warning("prune failed (%s); will retry", exc)
+        upkeep_failed(pool, "prune", exc)
 
 
 async def prune_flows(pool: Pool, limit: int = 5000) -> int:
@@ -49,10 +51,10 @@ async def prune_flows(pool: Pool, limit: int = 5000) -> int:
     time (the row ``prune`` of ``pgqueue.leader_locks``). Returns how many rows went; 0 on a
     database error, which is logged."""
     try:
-        async with pool.connection() as conn:
+        async with pool.connection(timeout=UPKEEP_CONNECTION_WAIT_SECONDS) as conn:
             row = await queries.arun(conn, "flow_prune", {"limit": limit})
     except psycopg.Error as exc:
-        log.warning("pruning idle flows failed (%s); will retry", exc)
+        upkeep_failed(pool, "pruning idle flows", exc)
         return 0
     return 0 if row is None else int(row["deleted"])
 
@@ -65,11 +67,13 @@ async def compact_loop(pool: Pool, interval: float, rng: random.Random) -> None:
 
     async def step() -> bool:
         try:
-            async with pool.connection() as conn:
+            async with pool.connection(timeout=UPKEEP_CONNECTION_WAIT_SECONDS) as conn:
                 await queries.arun(conn, "queue_counts_release_claims")
                 await queries.arun(conn, "queue_counts_compact", {"max_rows": 10000})
         except psycopg.Error as exc:
-            log.warning("counter compaction failed (%s); will retry", exc)
+            upkeep_failed(pool, "counter compaction", exc)
+        else:
+            upkeep_answered(pool)
         return True
 
     await _every(interval, rng, step)
@@ -152,14 +156,15 @@ async def _maintain_if_due(
     be) when the named query ``due`` says ``due`` and ``allowed``; returns ``done``,
     ``"not due"``, ``"not allowed"`` or ``"failed"`` (a database error, logged)."""
     try:
-        async with pool.connection() as conn:
+        async with pool.connection(timeout=UPKEEP_CONNECTION_WAIT_SECONDS) as conn:
             row = await queries.arun(conn, due, params)
+            upkeep_answered(pool)
             if row is None or not row["allowed"]:
                 return "not allowed"
             if not row["due"]:
                 return "not due"
             await queries.arun(conn, command, prepare=False)
     except psycopg.Error as exc:
-        log.warning("%s failed (%s); will retry", what, exc)
+        upkeep_failed(pool, what, exc)
         return "failed"
     return done

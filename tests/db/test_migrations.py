@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from pgqueue.db import migrate
-from pgqueue.errors import SchemaOutOfDate
+from pgqueue.errors import NotUtf8Database, SchemaOutOfDate
+from tests.conftest import _drop_db, dsn_for
 
 MIGRATE = [sys.executable, "-c", "from pgqueue.cli import app; app()", "migrate", "--dsn"]
 
@@ -109,3 +112,32 @@ def test_a_revision_before_the_baseline_is_named_as_such(db_dsn):
         with pytest.raises(SchemaOutOfDate, match="run `pgqueue migrate`"):
             migrate.check_schema(conn)
         assert migrate.current_revision(conn) == "0029"
+
+
+@pytest.mark.parametrize("encoding", ["SQL_ASCII", "LATIN1"])
+def test_migrate_refuses_a_database_not_in_utf8(server_dsn, encoding):
+    """Found by a tester: on SQL_ASCII `pgqueue migrate` printed a traceback (TypeError from
+    SQLAlchemy's version parse, text read as bytes); on LATIN1 a misleading "InvalidArgument:
+    text that is not valid UTF-8". Now one line before anything is done."""
+    name = f"pgq_t_enc_{encoding.lower()}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "CREATE DATABASE {} ENCODING {} TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'"
+            ).format(sql.Identifier(name), sql.Literal(encoding))
+        )
+    dsn = dsn_for(server_dsn, name)
+    try:
+        with pytest.raises(NotUtf8Database, match=f"'{name}' is encoded in {encoding}"):
+            migrate.upgrade(dsn)
+        done = subprocess.run(
+            [*MIGRATE, dsn], check=False, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 1
+        assert done.stderr.startswith("NotUtf8Database: "), done.stderr
+        assert "Traceback" not in done.stderr
+        assert "ENCODING 'UTF8' TEMPLATE template0" in " ".join(done.stderr.split())
+        with psycopg.connect(dsn) as conn:  # nothing was done
+            assert conn.execute("SELECT to_regnamespace('pgqueue')").fetchone() == (None,)
+    finally:
+        _drop_db(server_dsn, name)

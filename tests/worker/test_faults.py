@@ -289,6 +289,7 @@ async def test_a_worker_outlives_a_database_outage_and_stops_promptly_during_one
             wait_until(done, timeout=60, what="the jobs to run")
 
     caplog.set_level(logging.WARNING)  # every logger's warnings, psycopg_pool's too
+    caplog.set_level(logging.INFO, logger="pgqueue.worker")  # its good news is INFO
     worker = Worker(dsn, Settings(poll_interval_seconds=0.2), concurrency=2)
     task = asyncio.create_task(worker.run(install_signal_handlers=False))
     try:
@@ -302,7 +303,7 @@ async def test_a_worker_outlives_a_database_outage_and_stops_promptly_during_one
         assert "database available again" in caplog.text
         # One line as it starts (naming the cause) and one as it ends, and none of the pool's
         # own (found by a tester: a warning per connection and attempt, ~30 in 25 s)
-        said = [(r.name, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+        said = [(r.name, r.getMessage()) for r in caplog.records if r.levelno >= logging.INFO]
         assert not [m for name, m in said if name.startswith("psycopg")], said
         outage = [m for _, m in said if "database" in m]
         assert len(outage) == 2, said
@@ -348,3 +349,39 @@ async def test_a_claim_under_way_at_a_stop_starts_none_of_its_jobs(
         assert conn.execute(
             "SELECT state::text, attempts, count(*) FROM pgqueue.jobs GROUP BY 1, 2"
         ).fetchall() == [("queued", 0, 4)]
+
+
+async def test_the_stop_line_says_what_a_claim_under_way_hands_back(
+    db_dsn: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by a tester: "stopping: no new claims; no job running" at WARNING, then 16 jobs
+    went back to the queue (a claim under way as the SIGTERM came). A normal stop is INFO."""
+    from pgqueue.worker import producer
+
+    caplog.set_level(logging.INFO, logger="pgqueue.worker")
+    with psycopg.connect(db_dsn) as conn:
+        pgqueue.enqueue_many(
+            conn, [JobSpec("t", "scheduled", {"n": i}, kind="pgqueue.noop") for i in range(3)]
+        )
+        conn.commit()
+    worker = Worker(db_dsn, Settings(poll_interval_seconds=0.1), concurrency=4)
+    real = producer.run_named
+
+    async def claim_then_signal(pool: Any, name: str, params: Any, **kwargs: Any) -> Any:
+        rows = await real(pool, name, params, **kwargs)
+        if name == "job_claim":
+            worker._on_signal()  # the SIGTERM arrives while the claim is under way
+        return rows
+
+    monkeypatch.setattr(producer, "run_named", claim_then_signal)
+    stats = await asyncio.wait_for(worker.run(install_signal_handlers=False), 60)
+    assert stats.outcomes == {"queued": 3}
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "API key" not in r.msg]
+    assert said == [
+        (
+            "INFO",
+            "stopping: no new claims; no job running; the jobs of the claim under way go back "
+            "to the queue unrun",
+        ),
+        ("INFO", "returning 3 job(s) claimed as the stop came to the queue"),
+    ], said

@@ -83,8 +83,10 @@ def test_sigterm_lets_running_jobs_finish_within_grace(db_dsn: str, tmp_path: Pa
     assert code == 0, proc.stderr()
     assert "claimed 4 (succeeded 4)" in proc.stdout()
     # said at once, without --verbose (found by a tester: the first Ctrl-C printed nothing)
+    # at INFO (a normal stop is no warning), which `pgqueue work` shows without -v
     assert (
-        "stopping: no new claims; waiting up to 30 s for 4 running job(s); press Ctrl-C again"
+        "INFO pgqueue.worker: stopping: no new claims; waiting up to 30 s for 4 running job(s); "
+        "press Ctrl-C again"
     ) in proc.stderr()
 
     rows = {r["id"]: r for r in jobs(db_dsn)}
