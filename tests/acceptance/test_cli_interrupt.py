@@ -3,6 +3,7 @@ a tester: a KeyboardInterrupt traceback from the middle of the imports)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
@@ -78,3 +79,21 @@ def test_the_command_and_python_m_run_the_entry_point():
     )
     assert done.returncode == 0, done.stderr
     assert "Usage" in done.stdout
+
+
+def test_an_editable_install_runs_the_checkouts_launcher(tmp_path):
+    """The command imports the launcher from the checkout (found here: force-include copied it
+    into site-packages at install time, and a later change to it never reached the command).
+    Asked of a fresh interpreter outside the checkout, as the command runs; holds for the
+    editable install the README's commands make."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    found = subprocess.run(
+        [sys.executable, "-c", "import _pgqueue_launcher; print(_pgqueue_launcher.__file__)"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
+    ).stdout.strip()
+    assert Path(found).resolve() == (ROOT / "_pgqueue_launcher.py").resolve()
