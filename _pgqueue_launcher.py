@@ -50,7 +50,7 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.stderr.flush()
-        raise SystemExit(130) from None
+        raise SystemExit(130) from None  # pgqueue.__main__.INTERRUPTED_EXIT, not imported yet
     run()
 
 

@@ -7,9 +7,8 @@ resumed 20–35 s after the database came back (psycopg_pool's doubling backoff)
 printed psycopg_pool's warnings, one per connection and attempt (some 30 lines in 25 s), around
 the worker's own line. The worker now says one line when it starts and one when it ends
 (:class:`OutageLog`, whichever of its loops sees it), naming the pool's last connection error
-as the cause, and the pool's
-warnings of that kind are INFO (:class:`PoolWarnings`; psycopg sets its loggers to WARNING,
-so they show once the ``psycopg`` logger is set to INFO).
+as the cause, and the pool's warnings of that kind are INFO (:class:`PoolWarnings`; psycopg
+sets its loggers to WARNING, so they show once the ``psycopg`` logger is set to INFO).
 """
 
 from __future__ import annotations
@@ -61,9 +60,9 @@ POOL_LOGGER = "psycopg.pool"
 class PoolWarnings(logging.Filter):
     """A filter on psycopg_pool's logger while a worker runs: its :data:`POOL_OUTAGE_WARNINGS`
     become INFO records (dropped unless the logger is enabled for INFO: psycopg sets the
-    ``psycopg`` logger to WARNING, even under ``pgqueue -v``),
-    and the last connection error of the worker's pool (``pool_name``) is kept as
-    :attr:`cause`, which the outage's first line names. Its other warnings stay warnings.
+    ``psycopg`` logger to WARNING, even under ``pgqueue -v``), and the last connection error
+    of the worker's pool (``pool_name``) is kept as :attr:`cause`, which the outage's first
+    line names. Its other warnings stay warnings.
 
     Not only during a known outage: the pool warns from the first failed connection, seconds
     before the producer's claims run out of retries, and a connection the server ends while the
