@@ -48,8 +48,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 #: format characters (Cf: U+200B ZERO WIDTH SPACE, U+FEFF, the bidi marks), separators (Zs, Zl,
 #: Zp) and Unicode's Default_Ignorable_Code_Point (U+3164 HANGUL FILLER, variation selectors,
 #: tags), as of Unicode 14 (Python 3.11). A tenant id made of these only is refused (found by a
-#: tester: U+200B was queued). ``pgqueue.validate_job`` and ``pgqueue.job_is_valid``
-#: (030_validation.sql) hold this text; tests/unit/test_validation.py compares them.
+#: tester: U+200B was queued). The SQL function ``pgqueue.is_invisible`` (010_tables.sql)
+#: holds this text, its one copy in SQL; tests/unit/test_invisible_tenant.py compares them.
 INVISIBLE_CLASS = (
     r"\u0001-\u0020\u007f-\u00a0\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891"
     r"\u08e2\u115f-\u1160\u1680\u17b4-\u17b5\u180b-\u180f\u2000-\u200f\u2028-\u202f"

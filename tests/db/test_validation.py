@@ -210,16 +210,19 @@ def test_a_white_space_tenant_is_refused_alike_by_python_and_sql(conn):
 def test_a_tenant_id_that_shows_nothing_is_refused_alike_by_python_and_sql(conn):
     """Found by a tester: a tenant id of one U+200B was queued from Python, the command line
     and SQL. Every code point (but U+0000 and surrogates) alone as a tenant id, and after a
-    visible one: job_is_valid refuses exactly those is_invisible refuses; validate_job raises
-    PQ006 for a few, and enqueue from SQL writes nothing."""
+    visible one: pgqueue.is_invisible holds exactly those Python's is_invisible holds, and
+    job_is_valid refuses exactly those; validate_job raises PQ006 for a few, and enqueue from
+    SQL writes nothing."""
     from pgqueue.validation import is_invisible
 
     refused = {c for c in range(1, 0x110000) if not 0xD800 <= c <= 0xDFFF and is_invisible(chr(c))}
     rows = conn.execute(
-        "SELECT c FROM generate_series(1, 1114111) AS c WHERE c NOT BETWEEN 55296 AND 57343"
-        " AND NOT pgqueue.job_is_valid(chr(c), 'scheduled', '{}', NULL, 'custom', NULL, 1048576)"
+        "SELECT c, pgqueue.is_invisible(chr(c)),"
+        " NOT pgqueue.job_is_valid(chr(c), 'scheduled', '{}', NULL, 'custom', NULL, 1048576)"
+        " FROM generate_series(1, 1114111) AS c WHERE c NOT BETWEEN 55296 AND 57343"
     ).fetchall()
-    assert {c for (c,) in rows} == refused
+    assert {c for (c, invisible, _) in rows if invisible} == refused
+    assert {c for (c, _, not_valid) in rows if not_valid} == refused
     mixed = conn.execute(
         "SELECT count(*) FROM generate_series(1, 1114111) AS c WHERE c NOT BETWEEN 55296 AND"
         " 57343 AND NOT pgqueue.job_is_valid('a' || chr(c), 'scheduled', '{}', NULL, 'custom',"
@@ -235,6 +238,24 @@ def test_a_tenant_id_that_shows_nothing_is_refused_alike_by_python_and_sql(conn)
         )
         conn.rollback()
     assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone()[0] == 0
+
+
+def test_is_invisible_is_inlined_into_its_callers(conn):
+    """pgqueue.is_invisible costs no function call: Postgres inlines it (LANGUAGE sql, one
+    expression, IMMUTABLE), alone and inside job_is_valid, which the batch enqueue runs for
+    every job; the plan shows the regular expression match, not the function. PL/pgSQL, SET
+    or SECURITY DEFINER would turn that off."""
+    for call in (
+        "pgqueue.is_invisible(t.tenant_id)",
+        "pgqueue.job_is_valid(t.tenant_id, 'scheduled', '{}', NULL, 'custom', NULL, 1048576)",
+    ):
+        plan = "\n".join(
+            r[0]
+            for r in conn.execute(
+                f"EXPLAIN (VERBOSE) SELECT {call} FROM pgqueue.tenants t"
+            ).fetchall()
+        )
+        assert "is_invisible" not in plan and "~" in plan, plan
 
 
 def test_empty_text_content_is_refused_alike_by_python_and_sql(conn):

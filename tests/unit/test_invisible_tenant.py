@@ -1,6 +1,7 @@
 """Tenant ids that show nothing (found by a tester: a tenant id of one U+200B ZERO WIDTH SPACE
 was queued from Python, the command line and SQL): refused as InvalidTenant, with the class
-of characters shared, text for text, by pgqueue/validation.py and 030_validation.sql."""
+of characters shared, text for text, by pgqueue/validation.py and pgqueue.is_invisible
+(010_tables.sql)."""
 
 from __future__ import annotations
 
@@ -68,16 +69,21 @@ def test_the_class_is_white_space_controls_format_separators_and_ignorables():
     assert wrong == [], wrong[:20]
 
 
-def test_the_sql_functions_hold_the_same_class():
-    """validate_job and job_is_valid write INVISIBLE_CLASS as concatenated literals, as does the
-    tenants table's CHECK tenants_tenant_id_visible (010_tables.sql): joined, each is the same
-    text (their behaviour is compared in tests/db/test_validation.py)."""
+def test_the_sql_side_holds_the_class_once():
+    """pgqueue.is_invisible (010_tables.sql) writes INVISIBLE_CLASS as concatenated literals:
+    joined, the same text. No other schema file writes it again: validate_job, job_is_valid
+    and the tenants table's CHECK tenants_tenant_id_visible call is_invisible (before, each
+    had its own copy). Their behaviour is compared in tests/db/test_validation.py."""
+    copies = [
+        (path.name, literal)
+        for path in sorted(SCHEMA.parent.glob("*.sql"))
+        for literal in re.findall(r"~ \((\s*'\^\[\\u0001.*?\]\+\$')\)", path.read_text(), re.S)
+    ]
+    assert [name for name, _literal in copies] == ["010_tables.sql"]
+    joined = "".join(re.findall(r"'([^']*)'", copies[0][1]))
+    assert joined == f"^[{INVISIBLE_CLASS}]+$"
     text = SCHEMA.read_text() + (SCHEMA.parent / "010_tables.sql").read_text()
-    found = re.findall(r"tenant_id !?~ \((\s*'\^\[\\u0001.*?\]\+\$')\)", text, re.S)
-    assert len(found) == 3
-    for literal in found:
-        joined = "".join(re.findall(r"'([^']*)'", literal))
-        assert joined == f"^[{INVISIBLE_CLASS}]+$"
+    assert text.count("pgqueue.is_invisible(tenant_id)") == 3
 
 
 def test_is_invisible():

@@ -161,12 +161,8 @@ BEGIN
         RAISE EXCEPTION 'tenant_id must hold a character other than white space, got %',
             quote_literal(tenant_id) USING ERRCODE = 'PQ006';
     END IF;
-    -- Only characters that show nothing: pgqueue/validation.py's INVISIBLE_CLASS, the same text.
-    IF tenant_id ~ ('^[\u0001-\u0020\u007f-\u00a0\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f'
-                    || '\u0890-\u0891\u08e2\u115f-\u1160\u1680\u17b4-\u17b5\u180b-\u180f'
-                    || '\u2000-\u200f\u2028-\u202f\u205f-\u206f\u3000\u3164\ufe00-\ufe0f'
-                    || '\ufeff\uffa0\ufff0-\ufffb\U000110bd\U000110cd\U00013430-\U00013438'
-                    || '\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]+$') THEN
+    -- Only characters that show nothing (pgqueue.is_invisible, 010_tables.sql).
+    IF pgqueue.is_invisible(tenant_id) THEN
         RAISE EXCEPTION 'tenant_id must hold a visible character, not only control or format '
             'characters (such as U+200B), got %', quote_literal(tenant_id) USING ERRCODE = 'PQ006';
     END IF;
@@ -243,13 +239,8 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT CASE
         WHEN tenant_id IS NULL OR tenant_id = '' OR char_length(tenant_id) > 128 THEN false
-        -- white space, or only characters that show nothing (INVISIBLE_CLASS)
-        WHEN tenant_id ~ ('^[\u0001-\u0020\u007f-\u00a0\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f'
-                          || '\u0890-\u0891\u08e2\u115f-\u1160\u1680\u17b4-\u17b5\u180b-\u180f'
-                          || '\u2000-\u200f\u2028-\u202f\u205f-\u206f\u3000\u3164\ufe00-\ufe0f'
-                          || '\ufeff\uffa0\ufff0-\ufffb\U000110bd\U000110cd\U00013430-\U00013438'
-                          || '\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]+$')
-            THEN false
+        -- white space, or only characters that show nothing
+        WHEN pgqueue.is_invisible(tenant_id) THEN false
         WHEN origin IS NULL OR origin NOT IN ('user_action', 'scheduled', 'batch_job') THEN false
         WHEN sla_seconds IS NOT NULL
              AND (sla_seconds < 0 OR sla_seconds = 'NaN'::float8
