@@ -229,7 +229,7 @@ def test_a_tenant_id_that_shows_nothing_is_refused_alike_by_python_and_sql(conn)
         " NULL, 1048576)"
     ).fetchone()[0]
     assert mixed == 0
-    for tenant in ("\u200b", "\ufeff\u2060", "\x01", "\U000e0041", " \u200b"):
+    for tenant in ("\u200b", "\ufeff\u2060", "\x01", "\U000e0041", " \u200b", "\u2800", "\u3164"):
         with pytest.raises(psycopg.Error) as info:
             conn.execute("SELECT pgqueue.enqueue(%s, 'scheduled', %s)", (tenant, Jsonb(GOOD)))
         assert info.value.sqlstate == "PQ006", tenant
@@ -692,7 +692,7 @@ def test_a_payload_under_the_cap_as_postgres_prints_it_is_stored(conn):
     assert job_id is not None
 
 
-@pytest.mark.parametrize("tenant", ["\u200b", "  ", "\t", "\u2060", "\ufeff\u200d"])
+@pytest.mark.parametrize("tenant", ["\u200b", "  ", "\t", "\u2060", "\ufeff\u200d", "\u2800"])
 @pytest.mark.parametrize(
     "write",
     [

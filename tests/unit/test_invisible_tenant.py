@@ -26,11 +26,15 @@ DEFAULT_IGNORABLE = [
     (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3),
     (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF),
 ]  # fmt: skip
+#: Characters of other categories that are drawn blank: U+2800 BRAILLE PATTERN BLANK (So), an
+#: empty cell (it was taken as a tenant id). The Hangul fillers (Lo) are default-ignorable.
+BLANK_SYMBOLS = {0x2800}
 
 
 @pytest.mark.parametrize(
     "tenant", ["\u200b", "\u200b\u200b", "\ufeff", "\u2060", "\x01", "\x1b", "\u202e", "\u3164",
-               "\U000e0041", " \u200b", "\u200d\t", "\xad"],
+               "\U000e0041", " \u200b", "\u200d\t", "\xad", "\u2800", "\u2800\u2800", "\u115f",
+               "\u1160", "\uffa0", "\u115f\u1160\u3164\uffa0\u2800"],
 )  # fmt: skip
 def test_a_tenant_id_that_shows_nothing_is_refused(tenant):
     for check in (check_tenant_id, lambda t: check_job(tenant_id=t, origin="scheduled",
@@ -47,10 +51,10 @@ def test_a_tenant_id_with_a_visible_character_is_taken(tenant):
 
 def test_the_class_is_white_space_controls_format_separators_and_ignorables():
     """Every code point (but U+0000 and surrogates) is in the class exactly when it is white
-    space, Cc, Cf, Zs, Zl, Zp or default-ignorable, as of Unicode 14 (Python 3.11); a later
-    Unicode may add characters to those categories, which the class (and the SQL, by a
-    migration) then lacks, so there only the class's own characters are checked. U+0000 is
-    NulCharacter's."""
+    space, Cc, Cf, Zs, Zl, Zp, default-ignorable or in :data:`BLANK_SYMBOLS`, as of Unicode 14
+    (Python 3.11); a later Unicode may add characters to those categories, which the class
+    (and the SQL, by a migration) then lacks, so there only the class's own characters are
+    checked. U+0000 is NulCharacter's."""
     ignorable = {c for low, high in DEFAULT_IGNORABLE for c in range(low, high + 1)}
     one = re.compile(f"[{INVISIBLE_CLASS}]")
     complete = unicodedata.unidata_version == "14.0.0"
@@ -62,6 +66,7 @@ def test_the_class_is_white_space_controls_format_separators_and_ignorables():
             chr(c).isspace()
             or unicodedata.category(chr(c)) in {"Cc", "Cf", "Zs", "Zl", "Zp"}
             or c in ignorable
+            or c in BLANK_SYMBOLS
         )
         found = one.fullmatch(chr(c)) is not None
         if found != expected and (found or complete):

@@ -1,9 +1,13 @@
-"""The class of characters that show nothing is written once in SQL: ``pgqueue.is_invisible(t)``
-(010_tables.sql), an inlinable SQL function with the text of
-``pgqueue.validation.INVISIBLE_CLASS``. ``pgqueue.validate_job`` and ``pgqueue.job_is_valid``
-(030_validation.sql) and the CHECK ``tenants_tenant_id_visible`` on pgqueue.tenants call it;
-before, each wrote the class out (three copies, held equal only by a test). No behaviour
-changes. The texts are the schema files'.
+"""The class of characters that show nothing is written once in SQL, and takes U+2800.
+
+``pgqueue.is_invisible(t)`` (010_tables.sql) is an inlinable SQL function with the text of
+``pgqueue.validation.INVISIBLE_CLASS``; ``pgqueue.validate_job`` and ``pgqueue.job_is_valid``
+(030_validation.sql) and the CHECK ``tenants_tenant_id_visible`` on pgqueue.tenants call it
+(before, each wrote the class out: three copies, held equal only by a test). The class gains
+U+2800 BRAILLE PATTERN BLANK, drawn as an empty cell, which was taken as a tenant id (the
+Hangul fillers U+115F, U+1160, U+3164 and U+FFA0 were in it already, as default-ignorable).
+The CHECK is dropped and added again, NOT VALID (rows stored before stay). The texts are the
+schema files'.
 
 Revision ID: 0069
 Revises: 0068
@@ -24,7 +28,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT t ~ ('^[\u0001-\u0020\u007f-\u00a0\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f'
                 || '\u0890-\u0891\u08e2\u115f-\u1160\u1680\u17b4-\u17b5\u180b-\u180f'
-                || '\u2000-\u200f\u2028-\u202f\u205f-\u206f\u3000\u3164\ufe00-\ufe0f'
+                || '\u2000-\u200f\u2028-\u202f\u205f-\u206f\u2800\u3000\u3164\ufe00-\ufe0f'
                 || '\ufeff\uffa0\ufff0-\ufffb\U000110bd\U000110cd\U00013430-\U00013438'
                 || '\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]+$')
 $$;

@@ -71,8 +71,9 @@ ALTER TABLE pgqueue.tenants
     ADD CONSTRAINT tenants_quantum_floor CHECK (((quantum IS NULL) OR (quantum >= (0.001)::double precision))) NOT VALID;
 
 -- Whether t is one or more characters that show nothing, and only those: white space,
--- controls, format characters (U+200B ZERO WIDTH SPACE, the bidi marks), separators and
--- default-ignorable code points (U+3164 HANGUL FILLER, variation selectors, tags). The one
+-- controls, format characters (U+200B ZERO WIDTH SPACE, the bidi marks), separators,
+-- default-ignorable code points (the Hangul fillers such as U+3164, variation selectors,
+-- tags) and U+2800 BRAILLE PATTERN BLANK (an empty cell: it was taken as a tenant id). The one
 -- SQL copy of the class pgqueue/validation.py's INVISIBLE_CLASS holds, text for text
 -- (tests/unit/test_invisible_tenant.py; tests/db/test_validation.py compares every code
 -- point). The CHECK below, pgqueue.validate_job and pgqueue.job_is_valid call it (defined
@@ -85,7 +86,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT t ~ ('^[\u0001-\u0020\u007f-\u00a0\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f'
                 || '\u0890-\u0891\u08e2\u115f-\u1160\u1680\u17b4-\u17b5\u180b-\u180f'
-                || '\u2000-\u200f\u2028-\u202f\u205f-\u206f\u3000\u3164\ufe00-\ufe0f'
+                || '\u2000-\u200f\u2028-\u202f\u205f-\u206f\u2800\u3000\u3164\ufe00-\ufe0f'
                 || '\ufeff\uffa0\ufff0-\ufffb\U000110bd\U000110cd\U00013430-\U00013438'
                 || '\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]+$')
 $$;
