@@ -109,6 +109,19 @@ def shown_text(value: str) -> str:
     return f"{value[:SHOWN_CHARS]!r}…"
 
 
+def shown_invisible(value: str) -> str:
+    """A tenant id that shows nothing, for an error message: quoted, each character of
+    :data:`INVISIBLE_CLASS` but the space written as ``<U+XXXX>``, and of one longer than
+    :data:`SHOWN_CHARS` characters the first :data:`SHOWN_CHARS`, then "…". ``repr`` prints
+    U+3164 or U+2800 as they are, blank, and SQL printed U+200B as ``''``. The SQL function
+    ``pgqueue.shown_invisible`` writes the same, so Python and SQL raise one message."""
+    shown = "".join(
+        c if c == " " or _INVISIBLE_ONLY.fullmatch(c) is None else f"<U+{ord(c):04X}>"
+        for c in value[:SHOWN_CHARS]
+    )
+    return f"'{shown}'" + ("…" if len(value) > SHOWN_CHARS else "")
+
+
 def _check_text(value: object, what: str, limit: int, error: type[Exception]) -> str:
     if isinstance(value, str) and len(value) > limit:
         raise error(
@@ -145,12 +158,12 @@ def check_tenant_id(tenant_id: object) -> str:
     tid = _check_text(tenant_id, "tenant_id", MAX_TENANT_ID_CHARS, InvalidTenant)
     if tid.isspace():
         raise InvalidTenant(
-            f"tenant_id must hold a character other than white space, got {shown_text(tid)}"
+            f"tenant_id must hold a character other than white space, got {shown_invisible(tid)}"
         )
     if is_invisible(tid):
         raise InvalidTenant(
             "tenant_id must hold a visible character, not only control or format characters "
-            f"(such as U+200B), got {shown_text(tid)}"
+            f"(such as U+200B), got {shown_invisible(tid)}"
         )
     return tid
 

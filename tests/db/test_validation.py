@@ -240,6 +240,32 @@ def test_a_tenant_id_that_shows_nothing_is_refused_alike_by_python_and_sql(conn)
     assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone()[0] == 0
 
 
+@pytest.mark.parametrize(
+    ("tenant", "shown"),
+    [
+        ("\u200b", "'<U+200B>'"),
+        ("  ", "'  '"),
+        ("\t\u3000", "'<U+0009><U+3000>'"),
+        (" \u2800\u3164", "' <U+2800><U+3164>'"),
+        ("\U000e0041\x01", "'<U+E0041><U+0001>'"),
+        ("\u200b" * 128, "'" + "<U+200B>" * 40 + "'…"),
+    ],
+)
+def test_a_refused_invisible_tenant_id_is_shown_escaped(conn, tenant, shown):
+    """validate_job's PQ006 message printed a tenant id of U+200B as '', and Python's repr
+    printed U+3164 or U+2800 blank. Both show each invisible character (but the space) as
+    <U+XXXX>, the first 40 characters of a longer id then "…", and raise the same message."""
+    with pytest.raises(errors.InvalidTenant) as python:
+        check_tenant_id(tenant)
+    with pytest.raises(psycopg.Error) as sql:
+        conn.execute(
+            "SELECT pgqueue.validate_job(%s, 'scheduled', '{}', NULL, 'custom', NULL)", (tenant,)
+        )
+    assert sql.value.sqlstate == "PQ006"
+    assert str(python.value).endswith(f", got {shown}")
+    assert sql.value.diag.message_primary == str(python.value)
+
+
 def test_is_invisible_is_inlined_into_its_callers(conn):
     """pgqueue.is_invisible costs no function call: Postgres inlines it (LANGUAGE sql, one
     expression, IMMUTABLE), alone and inside job_is_valid, which the batch enqueue runs for

@@ -94,3 +94,16 @@ def test_the_sql_side_holds_the_class_once():
 def test_is_invisible():
     assert is_invisible("\u200b") and is_invisible(" ") and not is_invisible("")
     assert not is_invisible("a") and not is_invisible("\u200ba")
+
+
+@pytest.mark.parametrize(
+    ("tenant", "shown"),
+    [("\u200b", "'<U+200B>'"), ("\u3164\u2800", "'<U+3164><U+2800>'"), ("\t ", "'<U+0009> '"),
+     ("\u2060" * 41, "'" + "<U+2060>" * 40 + "'…")],
+)  # fmt: skip
+def test_the_message_shows_the_invisible_characters_escaped(tenant, shown):
+    """repr printed U+3164 and U+2800 as they are, blank: InvalidTenant shows each character
+    that shows nothing (but the space) as <U+XXXX>, as validate_job does."""
+    with pytest.raises(InvalidTenant) as info:
+        check_tenant_id(tenant)
+    assert str(info.value).endswith(f", got {shown}")

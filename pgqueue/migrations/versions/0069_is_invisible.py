@@ -1,4 +1,5 @@
-"""The class of characters that show nothing is written once in SQL, and takes U+2800.
+"""The class of characters that show nothing is written once in SQL, takes U+2800, and a
+refused tenant id is shown with those characters escaped.
 
 ``pgqueue.is_invisible(t)`` (010_tables.sql) is an inlinable SQL function with the text of
 ``pgqueue.validation.INVISIBLE_CLASS``; ``pgqueue.validate_job`` and ``pgqueue.job_is_valid``
@@ -6,8 +7,11 @@
 (before, each wrote the class out: three copies, held equal only by a test). The class gains
 U+2800 BRAILLE PATTERN BLANK, drawn as an empty cell, which was taken as a tenant id (the
 Hangul fillers U+115F, U+1160, U+3164 and U+FFA0 were in it already, as default-ignorable).
-The CHECK is dropped and added again, NOT VALID (rows stored before stay). The texts are the
-schema files'.
+The CHECK is dropped and added again, NOT VALID (rows stored before stay).
+
+validate_job's two PQ006 messages for such an id showed it raw (U+200B as ''): they show
+``pgqueue.shown_invisible(t)`` (030_validation.sql), each invisible character but the space as
+<U+XXXX>, as Python's InvalidTenant does. The texts are the schema files'.
 
 Revision ID: 0069
 Revises: 0068
@@ -33,6 +37,20 @@ AS $$
                 || '\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]+$')
 $$;
 
+CREATE OR REPLACE FUNCTION pgqueue.shown_invisible(t text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT '''' || coalesce(string_agg(CASE WHEN c.ch = ' ' OR NOT pgqueue.is_invisible(c.ch)
+                                            THEN c.ch
+                                            ELSE '<U+' || upper(lpad(h.x, greatest(4, length(h.x)),
+                                                                     '0')) || '>' END,
+                                       '' ORDER BY c.i), '')
+           || '''' || CASE WHEN char_length(t) > 40 THEN '…' ELSE '' END
+    FROM unnest(string_to_array(left(t, 40), NULL)) WITH ORDINALITY AS c(ch, i)
+    CROSS JOIN LATERAL (SELECT to_hex(ascii(c.ch))) AS h(x)
+$$;
+
 CREATE OR REPLACE FUNCTION pgqueue.validate_job(tenant_id text, origin text, payload jsonb,
                                                 sla_seconds double precision, kind text,
                                                 max_attempts integer)
@@ -53,12 +71,13 @@ BEGIN
     IF tenant_id ~ ('^[\t\n\v\f\r\u001c-\u001f \u0085\u00a0\u1680\u2000-\u200a'
                     || '\u2028\u2029\u202f\u205f\u3000]+$') THEN
         RAISE EXCEPTION 'tenant_id must hold a character other than white space, got %',
-            quote_literal(tenant_id) USING ERRCODE = 'PQ006';
+            pgqueue.shown_invisible(tenant_id) USING ERRCODE = 'PQ006';
     END IF;
     -- Only characters that show nothing (pgqueue.is_invisible, 010_tables.sql).
     IF pgqueue.is_invisible(tenant_id) THEN
         RAISE EXCEPTION 'tenant_id must hold a visible character, not only control or format '
-            'characters (such as U+200B), got %', quote_literal(tenant_id) USING ERRCODE = 'PQ006';
+            'characters (such as U+200B), got %', pgqueue.shown_invisible(tenant_id)
+            USING ERRCODE = 'PQ006';
     END IF;
     IF origin IS NULL OR origin NOT IN ('user_action', 'scheduled', 'batch_job') THEN
         RAISE EXCEPTION 'unknown origin %; expected user_action, scheduled or batch_job',
@@ -302,6 +321,7 @@ AS $$
     END
 $$;
 
+DROP FUNCTION IF EXISTS pgqueue.shown_invisible(text);
 DROP FUNCTION IF EXISTS pgqueue.is_invisible(text);
 """
 

@@ -138,6 +138,25 @@ AS $$
     END
 $$;
 
+-- A tenant id that shows nothing as validate_job's PQ006 messages show it: quoted, each
+-- character pgqueue.is_invisible holds but the space written as <U+XXXX> (a refused U+200B
+-- printed as ''), the first 40 characters of a longer one, then "…".
+-- pgqueue.validation.shown_invisible writes the same, so Python and SQL raise one message.
+-- Runs only on the way to an error.
+CREATE OR REPLACE FUNCTION pgqueue.shown_invisible(t text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT '''' || coalesce(string_agg(CASE WHEN c.ch = ' ' OR NOT pgqueue.is_invisible(c.ch)
+                                            THEN c.ch
+                                            ELSE '<U+' || upper(lpad(h.x, greatest(4, length(h.x)),
+                                                                     '0')) || '>' END,
+                                       '' ORDER BY c.i), '')
+           || '''' || CASE WHEN char_length(t) > 40 THEN '…' ELSE '' END
+    FROM unnest(string_to_array(left(t, 40), NULL)) WITH ORDINALITY AS c(ch, i)
+    CROSS JOIN LATERAL (SELECT to_hex(ascii(c.ch))) AS h(x)
+$$;
+
 -- Raises a PQxxx SQLSTATE (see pgqueue/errors.py) for bad input; returns the parsed origin.
 CREATE OR REPLACE FUNCTION pgqueue.validate_job(tenant_id text, origin text, payload jsonb,
                                                 sla_seconds double precision, kind text,
@@ -159,12 +178,13 @@ BEGIN
     IF tenant_id ~ ('^[\t\n\v\f\r\u001c-\u001f \u0085\u00a0\u1680\u2000-\u200a'
                     || '\u2028\u2029\u202f\u205f\u3000]+$') THEN
         RAISE EXCEPTION 'tenant_id must hold a character other than white space, got %',
-            quote_literal(tenant_id) USING ERRCODE = 'PQ006';
+            pgqueue.shown_invisible(tenant_id) USING ERRCODE = 'PQ006';
     END IF;
     -- Only characters that show nothing (pgqueue.is_invisible, 010_tables.sql).
     IF pgqueue.is_invisible(tenant_id) THEN
         RAISE EXCEPTION 'tenant_id must hold a visible character, not only control or format '
-            'characters (such as U+200B), got %', quote_literal(tenant_id) USING ERRCODE = 'PQ006';
+            'characters (such as U+200B), got %', pgqueue.shown_invisible(tenant_id)
+            USING ERRCODE = 'PQ006';
     END IF;
     IF origin IS NULL OR origin NOT IN ('user_action', 'scheduled', 'batch_job') THEN
         RAISE EXCEPTION 'unknown origin %; expected user_action, scheduled or batch_job',
