@@ -41,11 +41,11 @@ CREATE OR REPLACE FUNCTION pgqueue.shown_invisible(t text)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
-    SELECT '''' || coalesce(string_agg(CASE WHEN c.ch = ' ' OR NOT pgqueue.is_invisible(c.ch)
-                                            THEN c.ch
-                                            ELSE '<U+' || upper(lpad(h.x, greatest(4, length(h.x)),
-                                                                     '0')) || '>' END,
-                                       '' ORDER BY c.i), '')
+    -- (lpad to at least 4 digits: lpad to 4 would cut U+E0041's five)
+    SELECT '''' || coalesce(string_agg(
+               CASE WHEN c.ch = ' ' OR NOT pgqueue.is_invisible(c.ch) THEN c.ch
+                    ELSE '<U+' || upper(lpad(h.x, greatest(4, length(h.x)), '0')) || '>' END,
+               '' ORDER BY c.i), '')
            || '''' || CASE WHEN char_length(t) > 40 THEN '…' ELSE '' END
     FROM unnest(string_to_array(left(t, 40), NULL)) WITH ORDINALITY AS c(ch, i)
     CROSS JOIN LATERAL (SELECT to_hex(ascii(c.ch))) AS h(x)
