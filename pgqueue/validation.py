@@ -46,15 +46,18 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 #: The characters that show nothing on their own, as a regular-expression class that Python's
 #: ``re`` and Postgres read alike: white space (``str.isspace``), controls (Cc; not U+0000),
 #: format characters (Cf: U+200B ZERO WIDTH SPACE, U+FEFF, the bidi marks), separators (Zs, Zl,
-#: Zp) and Unicode's Default_Ignorable_Code_Point (U+3164 HANGUL FILLER, variation selectors,
-#: tags), as of Unicode 14 (Python 3.11). A tenant id made of these only is refused (found by a
-#: tester: U+200B was queued). ``pgqueue.validate_job`` and ``pgqueue.job_is_valid``
-#: (030_validation.sql) hold this text; tests/unit/test_validation.py compares them.
+#: Zp), Unicode's Default_Ignorable_Code_Point (the Hangul fillers U+115F, U+1160, U+3164 and
+#: U+FFA0, variation selectors, tags), as of Unicode 14 (Python 3.11), and U+2800 BRAILLE
+#: PATTERN BLANK, a symbol (So) drawn as an empty cell (it was taken as a tenant id). A tenant
+#: id made of these only is refused (found by a tester: U+200B was queued). The SQL function
+#: ``pgqueue.is_invisible`` (010_tables.sql) holds this text, its one copy in SQL;
+#: tests/unit/test_invisible_tenant.py compares them.
 INVISIBLE_CLASS = (
     r"\u0001-\u0020\u007f-\u00a0\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891"
     r"\u08e2\u115f-\u1160\u1680\u17b4-\u17b5\u180b-\u180f\u2000-\u200f\u2028-\u202f"
-    r"\u205f-\u206f\u3000\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb\U000110bd\U000110cd"
-    r"\U00013430-\U00013438\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff"
+    r"\u205f-\u206f\u2800\u3000\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb\U000110bd"
+    r"\U000110cd\U00013430-\U00013438\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    r"\U000e0000-\U000e0fff"
 )
 _INVISIBLE_ONLY = re.compile(f"[{INVISIBLE_CLASS}]+")
 #: The ``run_at`` range the CHECK constraint ``jobs_run_at_range`` holds (UTC; a day's margin
@@ -106,6 +109,19 @@ def shown_text(value: str) -> str:
     return f"{value[:SHOWN_CHARS]!r}…"
 
 
+def shown_invisible(value: str) -> str:
+    """A tenant id that shows nothing, for an error message: quoted, each character of
+    :data:`INVISIBLE_CLASS` but the space written as ``<U+XXXX>``, and of one longer than
+    :data:`SHOWN_CHARS` characters the first :data:`SHOWN_CHARS`, then "…". ``repr`` prints
+    U+3164 or U+2800 as they are, blank, and SQL printed U+200B as ``''``. The SQL function
+    ``pgqueue.shown_invisible`` writes the same, so Python and SQL raise one message."""
+    shown = "".join(
+        c if c == " " or _INVISIBLE_ONLY.fullmatch(c) is None else f"<U+{ord(c):04X}>"
+        for c in value[:SHOWN_CHARS]
+    )
+    return f"'{shown}'" + ("…" if len(value) > SHOWN_CHARS else "")
+
+
 def _check_text(value: object, what: str, limit: int, error: type[Exception]) -> str:
     if isinstance(value, str) and len(value) > limit:
         raise error(
@@ -142,12 +158,12 @@ def check_tenant_id(tenant_id: object) -> str:
     tid = _check_text(tenant_id, "tenant_id", MAX_TENANT_ID_CHARS, InvalidTenant)
     if tid.isspace():
         raise InvalidTenant(
-            f"tenant_id must hold a character other than white space, got {shown_text(tid)}"
+            f"tenant_id must hold a character other than white space, got {shown_invisible(tid)}"
         )
     if is_invisible(tid):
         raise InvalidTenant(
             "tenant_id must hold a visible character, not only control or format characters "
-            f"(such as U+200B), got {shown_text(tid)}"
+            f"(such as U+200B), got {shown_invisible(tid)}"
         )
     return tid
 

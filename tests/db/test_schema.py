@@ -93,6 +93,21 @@ def test_migrate_from_empty_and_from_0030_give_the_same_catalog(db_dsn, empty_db
     assert len(want["triggers"]) >= 12  # 11 of the migrations + `pgqueue grant`'s tenant scope
 
 
+def test_every_trigger_function_has_a_trigger(db_dsn):
+    """A trigger function runs only from a trigger: one that no trigger runs is dead code
+    (found this session: queue_counts_on_insert, queue_counts_on_update, notify_jobs and
+    job_charge_usage, leftovers of the revision chain before 0030, dropped by 0068). After
+    `pgqueue grant`, whose jobs_tenant_scope has its trigger too."""
+    _grant(db_dsn)
+    with psycopg.connect(db_dsn) as conn:
+        orphans = conn.execute(
+            "SELECT p.proname FROM pg_proc p WHERE p.pronamespace = 'pgqueue'::regnamespace"
+            " AND p.prorettype = 'trigger'::regtype"
+            " AND NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgfoid = p.oid) ORDER BY 1"
+        ).fetchall()
+    assert orphans == []
+
+
 def test_a_fresh_schema_starts_with_its_rows(db_dsn):
     with psycopg.connect(db_dsn) as conn:
         weights = conn.execute(

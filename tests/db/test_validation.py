@@ -210,23 +210,26 @@ def test_a_white_space_tenant_is_refused_alike_by_python_and_sql(conn):
 def test_a_tenant_id_that_shows_nothing_is_refused_alike_by_python_and_sql(conn):
     """Found by a tester: a tenant id of one U+200B was queued from Python, the command line
     and SQL. Every code point (but U+0000 and surrogates) alone as a tenant id, and after a
-    visible one: job_is_valid refuses exactly those is_invisible refuses; validate_job raises
-    PQ006 for a few, and enqueue from SQL writes nothing."""
+    visible one: pgqueue.is_invisible holds exactly those Python's is_invisible holds, and
+    job_is_valid refuses exactly those; validate_job raises PQ006 for a few, and enqueue from
+    SQL writes nothing."""
     from pgqueue.validation import is_invisible
 
     refused = {c for c in range(1, 0x110000) if not 0xD800 <= c <= 0xDFFF and is_invisible(chr(c))}
     rows = conn.execute(
-        "SELECT c FROM generate_series(1, 1114111) AS c WHERE c NOT BETWEEN 55296 AND 57343"
-        " AND NOT pgqueue.job_is_valid(chr(c), 'scheduled', '{}', NULL, 'custom', NULL, 1048576)"
+        "SELECT c, pgqueue.is_invisible(chr(c)),"
+        " NOT pgqueue.job_is_valid(chr(c), 'scheduled', '{}', NULL, 'custom', NULL, 1048576)"
+        " FROM generate_series(1, 1114111) AS c WHERE c NOT BETWEEN 55296 AND 57343"
     ).fetchall()
-    assert {c for (c,) in rows} == refused
+    assert {c for (c, invisible, _) in rows if invisible} == refused
+    assert {c for (c, _, not_valid) in rows if not_valid} == refused
     mixed = conn.execute(
         "SELECT count(*) FROM generate_series(1, 1114111) AS c WHERE c NOT BETWEEN 55296 AND"
         " 57343 AND NOT pgqueue.job_is_valid('a' || chr(c), 'scheduled', '{}', NULL, 'custom',"
         " NULL, 1048576)"
     ).fetchone()[0]
     assert mixed == 0
-    for tenant in ("\u200b", "\ufeff\u2060", "\x01", "\U000e0041", " \u200b"):
+    for tenant in ("\u200b", "\ufeff\u2060", "\x01", "\U000e0041", " \u200b", "\u2800", "\u3164"):
         with pytest.raises(psycopg.Error) as info:
             conn.execute("SELECT pgqueue.enqueue(%s, 'scheduled', %s)", (tenant, Jsonb(GOOD)))
         assert info.value.sqlstate == "PQ006", tenant
@@ -235,6 +238,50 @@ def test_a_tenant_id_that_shows_nothing_is_refused_alike_by_python_and_sql(conn)
         )
         conn.rollback()
     assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("tenant", "shown"),
+    [
+        ("\u200b", "'<U+200B>'"),
+        ("  ", "'  '"),
+        ("\t\u3000", "'<U+0009><U+3000>'"),
+        (" \u2800\u3164", "' <U+2800><U+3164>'"),
+        ("\U000e0041\x01", "'<U+E0041><U+0001>'"),
+        ("\u200b" * 128, "'" + "<U+200B>" * 40 + "'…"),
+    ],
+)
+def test_a_refused_invisible_tenant_id_is_shown_escaped(conn, tenant, shown):
+    """validate_job's PQ006 message printed a tenant id of U+200B as '', and Python's repr
+    printed U+3164 or U+2800 blank. Both show each invisible character (but the space) as
+    <U+XXXX>, the first 40 characters of a longer id then "…", and raise the same message."""
+    with pytest.raises(errors.InvalidTenant) as python:
+        check_tenant_id(tenant)
+    with pytest.raises(psycopg.Error) as sql:
+        conn.execute(
+            "SELECT pgqueue.validate_job(%s, 'scheduled', '{}', NULL, 'custom', NULL)", (tenant,)
+        )
+    assert sql.value.sqlstate == "PQ006"
+    assert str(python.value).endswith(f", got {shown}")
+    assert sql.value.diag.message_primary == str(python.value)
+
+
+def test_is_invisible_is_inlined_into_its_callers(conn):
+    """pgqueue.is_invisible costs no function call: Postgres inlines it (LANGUAGE sql, one
+    expression, IMMUTABLE), alone and inside job_is_valid, which the batch enqueue runs for
+    every job; the plan shows the regular expression match, not the function. PL/pgSQL, SET
+    or SECURITY DEFINER would turn that off."""
+    for call in (
+        "pgqueue.is_invisible(t.tenant_id)",
+        "pgqueue.job_is_valid(t.tenant_id, 'scheduled', '{}', NULL, 'custom', NULL, 1048576)",
+    ):
+        plan = "\n".join(
+            r[0]
+            for r in conn.execute(
+                f"EXPLAIN (VERBOSE) SELECT {call} FROM pgqueue.tenants t"
+            ).fetchall()
+        )
+        assert "is_invisible" not in plan and "~" in plan, plan
 
 
 def test_empty_text_content_is_refused_alike_by_python_and_sql(conn):
@@ -671,7 +718,7 @@ def test_a_payload_under_the_cap_as_postgres_prints_it_is_stored(conn):
     assert job_id is not None
 
 
-@pytest.mark.parametrize("tenant", ["\u200b", "  ", "\t", "\u2060", "\ufeff\u200d"])
+@pytest.mark.parametrize("tenant", ["\u200b", "  ", "\t", "\u2060", "\ufeff\u200d", "\u2800"])
 @pytest.mark.parametrize(
     "write",
     [

@@ -1,6 +1,7 @@
 """Tenant ids that show nothing (found by a tester: a tenant id of one U+200B ZERO WIDTH SPACE
 was queued from Python, the command line and SQL): refused as InvalidTenant, with the class
-of characters shared, text for text, by pgqueue/validation.py and 030_validation.sql."""
+of characters shared, text for text, by pgqueue/validation.py and pgqueue.is_invisible
+(010_tables.sql)."""
 
 from __future__ import annotations
 
@@ -25,11 +26,15 @@ DEFAULT_IGNORABLE = [
     (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3),
     (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF),
 ]  # fmt: skip
+#: Characters of other categories that are drawn blank: U+2800 BRAILLE PATTERN BLANK (So), an
+#: empty cell (it was taken as a tenant id). The Hangul fillers (Lo) are default-ignorable.
+BLANK_SYMBOLS = {0x2800}
 
 
 @pytest.mark.parametrize(
     "tenant", ["\u200b", "\u200b\u200b", "\ufeff", "\u2060", "\x01", "\x1b", "\u202e", "\u3164",
-               "\U000e0041", " \u200b", "\u200d\t", "\xad"],
+               "\U000e0041", " \u200b", "\u200d\t", "\xad", "\u2800", "\u2800\u2800", "\u115f",
+               "\u1160", "\uffa0", "\u115f\u1160\u3164\uffa0\u2800"],
 )  # fmt: skip
 def test_a_tenant_id_that_shows_nothing_is_refused(tenant):
     for check in (check_tenant_id, lambda t: check_job(tenant_id=t, origin="scheduled",
@@ -46,10 +51,10 @@ def test_a_tenant_id_with_a_visible_character_is_taken(tenant):
 
 def test_the_class_is_white_space_controls_format_separators_and_ignorables():
     """Every code point (but U+0000 and surrogates) is in the class exactly when it is white
-    space, Cc, Cf, Zs, Zl, Zp or default-ignorable, as of Unicode 14 (Python 3.11); a later
-    Unicode may add characters to those categories, which the class (and the SQL, by a
-    migration) then lacks, so there only the class's own characters are checked. U+0000 is
-    NulCharacter's."""
+    space, Cc, Cf, Zs, Zl, Zp, default-ignorable or in :data:`BLANK_SYMBOLS`, as of Unicode 14
+    (Python 3.11); a later Unicode may add characters to those categories, which the class
+    (and the SQL, by a migration) then lacks, so there only the class's own characters are
+    checked. U+0000 is NulCharacter's."""
     ignorable = {c for low, high in DEFAULT_IGNORABLE for c in range(low, high + 1)}
     one = re.compile(f"[{INVISIBLE_CLASS}]")
     complete = unicodedata.unidata_version == "14.0.0"
@@ -61,6 +66,7 @@ def test_the_class_is_white_space_controls_format_separators_and_ignorables():
             chr(c).isspace()
             or unicodedata.category(chr(c)) in {"Cc", "Cf", "Zs", "Zl", "Zp"}
             or c in ignorable
+            or c in BLANK_SYMBOLS
         )
         found = one.fullmatch(chr(c)) is not None
         if found != expected and (found or complete):
@@ -68,18 +74,36 @@ def test_the_class_is_white_space_controls_format_separators_and_ignorables():
     assert wrong == [], wrong[:20]
 
 
-def test_the_sql_functions_hold_the_same_class():
-    """validate_job and job_is_valid write INVISIBLE_CLASS as concatenated literals, as does the
-    tenants table's CHECK tenants_tenant_id_visible (010_tables.sql): joined, each is the same
-    text (their behaviour is compared in tests/db/test_validation.py)."""
+def test_the_sql_side_holds_the_class_once():
+    """pgqueue.is_invisible (010_tables.sql) writes INVISIBLE_CLASS as concatenated literals:
+    joined, the same text. No other schema file writes it again: validate_job, job_is_valid
+    and the tenants table's CHECK tenants_tenant_id_visible call is_invisible (before, each
+    had its own copy). Their behaviour is compared in tests/db/test_validation.py."""
+    copies = [
+        (path.name, literal)
+        for path in sorted(SCHEMA.parent.glob("*.sql"))
+        for literal in re.findall(r"~ \((\s*'\^\[\\u0001.*?\]\+\$')\)", path.read_text(), re.S)
+    ]
+    assert [name for name, _literal in copies] == ["010_tables.sql"]
+    joined = "".join(re.findall(r"'([^']*)'", copies[0][1]))
+    assert joined == f"^[{INVISIBLE_CLASS}]+$"
     text = SCHEMA.read_text() + (SCHEMA.parent / "010_tables.sql").read_text()
-    found = re.findall(r"tenant_id !?~ \((\s*'\^\[\\u0001.*?\]\+\$')\)", text, re.S)
-    assert len(found) == 3
-    for literal in found:
-        joined = "".join(re.findall(r"'([^']*)'", literal))
-        assert joined == f"^[{INVISIBLE_CLASS}]+$"
+    assert text.count("pgqueue.is_invisible(tenant_id)") == 3
 
 
 def test_is_invisible():
     assert is_invisible("\u200b") and is_invisible(" ") and not is_invisible("")
     assert not is_invisible("a") and not is_invisible("\u200ba")
+
+
+@pytest.mark.parametrize(
+    ("tenant", "shown"),
+    [("\u200b", "'<U+200B>'"), ("\u3164\u2800", "'<U+3164><U+2800>'"), ("\t ", "'<U+0009> '"),
+     ("\u2060" * 41, "'" + "<U+2060>" * 40 + "'…")],
+)  # fmt: skip
+def test_the_message_shows_the_invisible_characters_escaped(tenant, shown):
+    """repr printed U+3164 and U+2800 as they are, blank: InvalidTenant shows each character
+    that shows nothing (but the space) as <U+XXXX>, as validate_job does."""
+    with pytest.raises(InvalidTenant) as info:
+        check_tenant_id(tenant)
+    assert str(info.value).endswith(f", got {shown}")

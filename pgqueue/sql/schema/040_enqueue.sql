@@ -197,19 +197,6 @@ BEGIN
 END
 $$;
 
--- Statement-level, tiny payload (the tiers touched), delivered only on commit.
-CREATE OR REPLACE FUNCTION pgqueue.notify_jobs()
-RETURNS trigger
-LANGUAGE plpgsql
-AS $$
-BEGIN
-    PERFORM pg_notify('pgqueue_jobs',
-                      coalesce((SELECT string_agg(DISTINCT n.priority::text, ',')
-                                FROM new_rows n), ''));
-    RETURN NULL;
-END
-$$;
-
 -- New rows: queued counters and one NOTIFY
 -- naming the tiers touched. Runs for every insert: nothing a caller can set skips it (found
 -- by a hostile tester, issue 32: revision 0019 skipped it when a transaction-local setting

@@ -160,51 +160,7 @@ $$;
 
 -- The counters follow every write on pgqueue.jobs: inserts and updates through
 -- jobs_after_insert and jobs_after_update (040, 080), deletes and truncates through the
--- triggers below. queue_counts_on_insert and _on_update are attached to no trigger: leftovers
--- of the old chain, kept so that this schema is the one databases already have.
-CREATE OR REPLACE FUNCTION pgqueue.queue_counts_on_insert()
-RETURNS trigger
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    tiers pgqueue.tier[];
-    tenants text[];
-    deltas bigint[];
-BEGIN
-    SELECT array_agg(g.tier), array_agg(g.tenant_id), array_agg(g.n)
-    INTO tiers, tenants, deltas
-    FROM (SELECT n.priority AS tier, n.tenant_id, count(*) AS n
-          FROM new_rows n
-          WHERE n.state = 'queued'
-          GROUP BY GROUPING SETS ((n.priority, n.tenant_id), (n.priority))) g;
-    PERFORM pgqueue.queue_counts_add(tiers, tenants, deltas);
-    RETURN NULL;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION pgqueue.queue_counts_on_update()
-RETURNS trigger
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    tiers pgqueue.tier[];
-    tenants text[];
-    deltas bigint[];
-BEGIN
-    SELECT array_agg(g.tier), array_agg(g.tenant_id), array_agg(g.n)
-    INTO tiers, tenants, deltas
-    FROM (SELECT d.priority AS tier, d.tenant_id, sum(d.delta)::bigint AS n
-          FROM (SELECT n.priority, n.tenant_id, 1 AS delta FROM new_rows n
-                WHERE n.state = 'queued'
-                UNION ALL
-                SELECT o.priority, o.tenant_id, -1 FROM old_rows o WHERE o.state = 'queued') d
-          GROUP BY GROUPING SETS ((d.priority, d.tenant_id), (d.priority))
-          HAVING sum(d.delta) <> 0) g;
-    PERFORM pgqueue.queue_counts_add(tiers, tenants, deltas);
-    RETURN NULL;
-END
-$$;
-
+-- triggers below.
 CREATE OR REPLACE FUNCTION pgqueue.queue_counts_on_delete()
 RETURNS trigger
 LANGUAGE plpgsql
