@@ -375,12 +375,15 @@ def write_chart(fifo: ArmFigures, fair: ArmFigures, path: Path, caption: str) ->
     waits.set_xticks(list(xs), [t + (" (runaway)" if t == "t00" else "") for t in tenants],
                      rotation=30, fontsize=8)  # fmt: skip
     waits.set_title("Wait p99 per tenant, jobs with an SLA (s)")
-    waits.legend()
+    # room above the tallest bar for a one-row legend (it covered the last bars: a tester)
+    waits.margins(y=0.25)
+    waits.legend(loc="upper right", ncols=2)
     critical.bar(["plain FIFO", "pgqueue"], [fifo.critical_p99 or 0, fair.critical_p99 or 0],
                  color=[grey, blue])  # fmt: skip
     critical.axhline(CRITICAL_SLO_SECONDS, color="#c62828", linestyle="--", label="SLO 2 s")
     critical.set_title("Critical tier: p99 enqueue → finish (s)")
-    critical.legend()
+    critical.margins(y=0.25)
+    critical.legend(loc="upper right")
     for arm, colour in ((fifo, grey), (fair, blue)):
         if arm.jain_series:
             times, values = zip(*arm.jain_series, strict=True)
