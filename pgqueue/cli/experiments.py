@@ -217,6 +217,7 @@ def simulate(
     doc = report(options, results)
     if plot is not None:
         draw(results, str(plot), doc["verdict"]["tiers_urgent_p95_bound_ms"])
+        err_console.print(f"chart: {plot}", markup=False, highlight=False)
     if as_json:
         sys.stdout.write(json.dumps(doc) + "\n")
         return

@@ -569,6 +569,26 @@ def test_a_missing_database_is_the_environment(server_dsn, monkeypatch):
     assert _lines(result) == [f'database error: template database "{dropped[0]}" does not exist']
 
 
+def test_simulate_says_where_it_wrote_its_chart(tmp_path, monkeypatch):
+    """Found by a tester: `pgqueue simulate --plot F` wrote the chart without saying where
+    (`pgqueue demo` prints "chart: F"); it is said on stderr, so `--json` stays clean."""
+    from pgqueue import simulate
+
+    drawn: list[str] = []
+    monkeypatch.setattr(simulate, "require_matplotlib", lambda: None)
+    monkeypatch.setattr(simulate, "run_simulation", lambda dsn, options: [])
+    monkeypatch.setattr(
+        simulate, "report", lambda options, results: {"verdict": {"tiers_urgent_p95_bound_ms": 1}}
+    )
+    monkeypatch.setattr(simulate, "plot", lambda results, path, bound: drawn.append(path))
+    chart = tmp_path / "p95.png"
+    result = run("simulate", "--json", "--plot", str(chart), "--dsn", _UNREACHABLE)
+    assert result.exit_code == 0, result.stderr
+    assert drawn == [str(chart)]
+    assert f"chart: {chart}" in result.stderr
+    assert "chart" not in result.stdout
+
+
 # Found by a tester: the float options of every command took NaN or infinities, or refused
 # them in typer's box with the message for another value.
 
