@@ -152,7 +152,12 @@ def enqueue(
     ] = None,
     dsn: DsnOption = None,
 ) -> None:
-    """Enqueue one job and print its id."""
+    """Enqueue one job and print its id.
+
+    When admission control does not take the job, nothing is printed on stdout and the
+    command exits 75 (EX_TEMPFAIL), saying why on stderr: QueueFull for a full tier of policy
+    `reject` (or `block`, after its wait), "dropped" for policy `drop` (nothing stored; the
+    drop is counted)."""
     import pgqueue
 
     int_in_range("--max-tokens", max_tokens, 1, _INT32_MAX)
@@ -187,7 +192,12 @@ def enqueue(
             dedupe_key=dedupe_key,
             settings=settings,
         )
-    console.print("dropped (tier full, policy drop)" if job_id is None else job_id)
+    if job_id is None:
+        # found by a tester: "dropped ..." went to stdout with exit 0, so `id=$(pgqueue
+        # enqueue ...)` held that text; not enqueued, as for QueueFull
+        err_console.print("dropped (tier full, policy drop): not enqueued", markup=False)
+        raise typer.Exit(75)
+    console.print(job_id)
 
 
 @app.command()

@@ -1167,3 +1167,21 @@ def test_a_bad_database_setting_is_an_invalid_setting(db_dsn, command):
         "InvalidSetting: pgqueue.default_quantum must be a number from 0.001 to 1000000000, "
         "got 'abc'"
     ]
+
+
+def test_a_dropped_enqueue_prints_no_id(db_dsn):
+    """Found by a tester: into a full tier of policy drop, `pgqueue enqueue` printed
+    "dropped (tier full, policy drop)" on stdout and exited 0, so `id=$(pgqueue enqueue ...)`
+    held that text. Now nothing on stdout, the notice on stderr, exit 75 (not enqueued, as for
+    QueueFull)."""
+    import pgqueue
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        pgqueue.set_admission(conn, "standard", max_queued=0, policy="drop")
+    result = run("enqueue", "acme", "--prompt", "x", "--sla-seconds", "60", "--dsn", db_dsn)
+    assert result.exit_code == 75
+    assert result.stdout == ""
+    assert _lines(result) == ["dropped (tier full, policy drop): not enqueued"]
+    assert _jobs(db_dsn) == 0
+    admitted = run("enqueue", "acme", "--prompt", "x", "--dsn", db_dsn)  # batch: not capped
+    assert admitted.exit_code == 0 and admitted.stdout.strip().isdigit()
