@@ -304,9 +304,10 @@ def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
     """Turn the errors a user can meet into one line on stderr and an exit code.
 
     Exit 2: bad input (:class:`UsageError`, bad files, a malformed DSN). Exit 75 (EX_TEMPFAIL):
-    admission control refused the job for now (:class:`AdmissionError`, e.g. ``QueueFull``);
-    retry later. Exit 1: the environment (unreachable database, missing schema, any other
-    pgqueue or database error).
+    the queue refused the job for now (:class:`AdmissionError`: ``QueueFull``,
+    ``DedupeKeyHeld``); retry later. Exit 1: the environment (unreachable database, missing
+    schema, a bad ``pgqueue.*`` setting, any other pgqueue or database error). A ``PQxxx``
+    SQLSTATE from pgqueue's SQL is first mapped to its Python error (:func:`from_sqlstate`).
     """
 
     @functools.wraps(fn)
