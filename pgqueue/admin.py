@@ -27,7 +27,7 @@ class HeldJob:
 
 
 class Requeued(list[int]):
-    """What :func:`requeue_failed` did: a list of the ids re-queued, as before revision 0071
+    """What :func:`requeue_failed` did: a list of the ids re-queued, as before revision 0070
     (now in increasing order), and ``skipped``, the :class:`HeldJob` of each matching job left
     failed because a live job holds its dedupe key, by id (before, one such job made the whole
     retry fail with a unique violation)."""

@@ -133,7 +133,7 @@ class DedupeKeyHeld(AdmissionError):
     """A failed or cancelled job was not retried: a live (queued or running) job of its tenant
     holds its dedupe key, and only one live job may hold a key. Retry it once that job has
     finished (or cancel that job first). The SQL function ``pgqueue.retry`` raises SQLSTATE
-    ``PQ013`` (revision 0071; before, a raw unique violation of ``jobs_dedupe_live_idx``), the
+    ``PQ013`` (revision 0070; before, a raw unique violation of ``jobs_dedupe_live_idx``), the
     fields as JSON in DETAIL. Attributes: ``job_id``, ``tenant_id``, ``dedupe_key``,
     ``held_by`` (the live job's id; None when it committed after the snapshot of a
     ``REPEATABLE READ`` transaction). Raised from SQL, it aborts the caller's transaction. A

@@ -345,7 +345,7 @@ class Dashboard:
             return self.refused(request, 404, str(exc))
         except UsageError as exc:
             return self.refused(request, 400, str(exc))
-        except DedupeKeyHeld as exc:  # a raw unique violation, a 500, before revision 0071
+        except DedupeKeyHeld as exc:  # a raw unique violation, a 500, before revision 0070
             return self.refused(request, 409, str(exc))
         except psycopg.errors.CheckViolation as exc:
             return self.refused(request, 400, exc.diag.message_primary or "refused by the table")

@@ -199,7 +199,7 @@ def test_retry_of_an_unknown_job(conn):
         retry_job(conn, 0)
 
 
-# ------------------------------------------------ retries and dedupe keys (revision 0071)
+# ------------------------------------------------ retries and dedupe keys (revision 0070)
 def _keyed(conn, tenant: str, key: str | None, *, failed: bool) -> int:
     job = pgqueue.enqueue(
         conn, tenant_id=tenant, origin="user_action", payload=PAYLOAD, dedupe_key=key

@@ -262,7 +262,7 @@ ORDER BY 1
 
 -- name: job_requeue_failed :many
 -- `pgqueue retry`: failed jobs matching every given filter go back to the queue with fresh
--- counters (pgqueue.retry_failed_outcomes, revision 0071; `reason` is a literal substring of
+-- counters (pgqueue.retry_failed_outcomes, revision 0070; `reason` is a literal substring of
 -- last_error, any case); last_error is kept until the next attempt overwrites it. One row per
 -- job matched, by id: requeued, or not when a live job holds its dedupe key (held_by).
 SELECT r.id, r.requeued, r.dedupe_key, r.held_by

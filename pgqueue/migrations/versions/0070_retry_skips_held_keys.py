@@ -24,7 +24,7 @@ unique violation. Now (080_completion_and_cancel.sql):
 
 The texts are the schema file's; the downgrade puts the old texts back.
 
-Revision ID: 0071
+Revision ID: 0070
 Revises: 0069
 """
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0071"
+revision = "0070"
 down_revision = "0069"
 branch_labels = None
 depends_on = None
@@ -55,7 +55,7 @@ $$;
 -- REPEATABLE READ transaction). A holder enqueued or re-queued concurrently makes the UPDATE
 -- wait for it and fail with a unique violation once it commits; that is caught here (a
 -- subtransaction), never raised. The counters (queue_counts) and the DRR bookkeeping follow
--- through the jobs triggers. pgqueue.retry, pgqueue.retry_failed_outcomes (revision 0071).
+-- through the jobs triggers. pgqueue.retry, pgqueue.retry_failed_outcomes (revision 0070).
 CREATE OR REPLACE FUNCTION pgqueue.requeue_job(p_id bigint, p_tenant text,
                                                OUT requeued boolean, OUT held_by bigint)
 LANGUAGE plpgsql
@@ -97,7 +97,7 @@ AS $$
 -- unchanged when it was not failed or cancelled. last_error is kept until the next attempt
 -- overwrites it (as pgqueue.retry_failed does). With `tenant_id`, only that tenant's job.
 -- Raises PQ011 when there is no such job, PQ009 for a NULL job_id, and PQ013 when a live
--- (queued or running) job of its tenant holds its dedupe key (revision 0071: before, the raw
+-- (queued or running) job of its tenant holds its dedupe key (revision 0070: before, the raw
 -- unique violation of jobs_dedupe_live_idx): the message names the job, the key and the live
 -- job, DETAIL holds them as JSON (job_id, tenant_id, dedupe_key, held_by; held_by NULL when
 -- that job committed after this transaction's snapshot).
@@ -140,7 +140,7 @@ END
 $$;
 
 -- Re-queue failed jobs in bulk, job by job (`pgqueue retry`, the dashboard's "re-queue a
--- tenant's failed jobs"; revision 0071).
+-- tenant's failed jobs"; revision 0070).
 CREATE OR REPLACE FUNCTION pgqueue.retry_failed_outcomes(tenant_id text DEFAULT NULL,
                                                          tier pgqueue.tier DEFAULT NULL,
                                                          reason text DEFAULT NULL,
@@ -253,7 +253,7 @@ RETURNS SETOF bigint
 LANGUAGE sql
 AS $$
 -- The ids of the failed jobs re-queued by pgqueue.retry_failed_outcomes (same filters), which
--- skips a job whose dedupe key a live job holds (revision 0071: before, such a job failed the
+-- skips a job whose dedupe key a live job holds (revision 0070: before, such a job failed the
 -- whole call with a unique violation of jobs_dedupe_live_idx, and nothing was re-queued).
     SELECT r.id
     FROM pgqueue.retry_failed_outcomes(retry_failed.tenant_id, retry_failed.tier,
