@@ -15,6 +15,7 @@ from pgqueue.enqueue import enqueue, enqueue_many
 from pgqueue.errors import (
     AdmissionError,
     CannotBlockInTransaction,
+    DedupeKeyHeld,
     InvalidArgument,
     InvalidKind,
     InvalidPayload,
@@ -38,6 +39,7 @@ __all__ = [
     "AdmissionError",
     "AdmissionPolicy",
     "CannotBlockInTransaction",
+    "DedupeKeyHeld",
     "InvalidArgument",
     "InvalidKind",
     "InvalidPayload",

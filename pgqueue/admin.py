@@ -3,6 +3,7 @@ the dashboard's actions), each one named statement."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -14,6 +15,28 @@ from pgqueue.models import Tier
 from pgqueue.validation import check_tenant_id, check_tier
 
 
+@dataclass(frozen=True)
+class HeldJob:
+    """A failed job that a bulk retry left failed: a live (queued or running) job of its
+    tenant holds its dedupe key. ``held_by`` is that job's id (None when it committed after
+    the snapshot of a ``REPEATABLE READ`` transaction)."""
+
+    job_id: int
+    dedupe_key: str
+    held_by: int | None
+
+
+class Requeued(list[int]):
+    """What :func:`requeue_failed` did: a list of the ids re-queued, as before revision 0070
+    (now in increasing order), and ``skipped``, the :class:`HeldJob` of each matching job left
+    failed because a live job holds its dedupe key, by id (before, one such job made the whole
+    retry fail with a unique violation)."""
+
+    def __init__(self, ids: list[int], skipped: list[HeldJob]) -> None:
+        super().__init__(ids)
+        self.skipped = skipped
+
+
 def requeue_failed(
     conn: psycopg.Connection[Any],
     *,
@@ -22,13 +45,16 @@ def requeue_failed(
     reason: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
-) -> list[int]:
-    """Put failed jobs back in the queue with fresh attempt and throttle counters.
+) -> Requeued:
+    """Put failed jobs back in the queue with fresh attempt and throttle counters
+    (``pgqueue.retry_failed_outcomes``).
 
     Filters combine with AND: ``tenant_id``; ``tier`` (any case: ``BATCH`` is ``batch``);
     ``reason``, a case-insensitive substring of ``last_error``; ``since``/``until``, a range of
-    ``finished_at`` (timezone-aware). Runs in the caller's transaction; the ids re-queued are
-    returned.
+    ``finished_at`` (timezone-aware). A job whose dedupe key a live job of its tenant holds is
+    left failed (only one live job may hold a key); of failed jobs sharing a key, the newest is
+    re-queued. Runs in the caller's transaction. Returns a :class:`Requeued`: a list of the ids
+    re-queued, with the jobs skipped in its ``skipped``.
 
     Raises:
         InvalidArgument: an unknown tier, naive datetimes, or ``since`` after ``until``.
@@ -48,14 +74,17 @@ def requeue_failed(
         {
             "tenant_id": tenant_id,
             "tier": tier_value,
-            # a substring, literally: pgqueue.retry_failed matches with strpos, not LIKE (found
-            # by a tester: `--reason '%'` re-queued every failed job)
+            # a substring, literally: pgqueue.retry_failed_outcomes matches with strpos, not
+            # LIKE (found by a tester: `--reason '%'` re-queued every failed job)
             "reason": reason,
             "since": since,
             "until": until,
         },
     )
-    return [int(r["id"]) for r in rows]
+    return Requeued(
+        [int(r["id"]) for r in rows if r["requeued"]],
+        [HeldJob(int(r["id"]), r["dedupe_key"], r["held_by"]) for r in rows if not r["requeued"]],
+    )
 
 
 def retry_job(conn: psycopg.Connection[Any], job_id: int) -> str:
@@ -66,6 +95,8 @@ def retry_job(conn: psycopg.Connection[Any], job_id: int) -> str:
     Raises:
         InvalidArgument: ``job_id`` out of 1 to 2^63-1.
         UnknownJob: no such job (the caller's transaction is aborted).
+        DedupeKeyHeld: a live job of its tenant holds its dedupe key (the caller's
+            transaction is aborted).
         SchemaOutOfDate: the database predates revision 0034 (run ``pgqueue migrate``).
     """
     if isinstance(job_id, bool) or not 1 <= job_id <= 2**63 - 1:
@@ -73,7 +104,9 @@ def retry_job(conn: psycopg.Connection[Any], job_id: int) -> str:
     try:
         row = queries.run(conn, "job_retry_one", {"job_id": job_id, "tenant_id": None})
     except psycopg.Error as exc:
-        mapped = from_sqlstate(exc.sqlstate, exc.diag.message_primary or str(exc))
+        mapped = from_sqlstate(
+            exc.sqlstate, exc.diag.message_primary or str(exc), exc.diag.message_detail
+        )
         if mapped is not None:
             raise mapped from exc
         raise

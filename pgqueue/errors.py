@@ -3,10 +3,10 @@ control).
 
 Every error pgqueue raises on purpose derives from :class:`PgqueueError`, so callers can catch
 the whole family in one clause. Usage errors (bad input at the boundary) also derive from
-``ValueError``; admission errors say the queue refused a well-formed job *for now* (a full tier:
-retry later, nothing was written); infrastructure errors describe the database or the
-provider; handler-control exceptions are raised *by handlers* to tell the executor what outcome
-they want.
+``ValueError``; admission errors say the queue refused a well-formed job *for now* (a full tier,
+or a live job holding the dedupe key of a job to retry: retry later, nothing was written);
+infrastructure errors describe the database or the provider; handler-control exceptions are
+raised *by handlers* to tell the executor what outcome they want.
 
 The SQL function ``pgqueue.enqueue`` raises the same usage errors with dedicated SQLSTATEs
 (class ``PQ``); :func:`from_sqlstate` maps them back, so both entry points give one family.
@@ -127,6 +127,35 @@ class QueueFull(AdmissionError):
         self.cap = cap
         self.scope = scope
         self.policy = policy
+
+
+class DedupeKeyHeld(AdmissionError):
+    """A failed or cancelled job was not retried: a live (queued or running) job of its tenant
+    holds its dedupe key, and only one live job may hold a key. Retry it once that job has
+    finished (or cancel that job first). The SQL function ``pgqueue.retry`` raises SQLSTATE
+    ``PQ013`` (revision 0070; before, a raw unique violation of ``jobs_dedupe_live_idx``), the
+    fields as JSON in DETAIL. Attributes: ``job_id``, ``tenant_id``, ``dedupe_key``,
+    ``held_by`` (the live job's id; None when it committed after the snapshot of a
+    ``REPEATABLE READ`` transaction). Raised from SQL, it aborts the caller's transaction. A
+    bulk retry (``pgqueue.retry_failed``, ``pgqueue.retry_failed_outcomes``) never raises it:
+    it skips such jobs, and ``retry_failed_outcomes`` reports them."""
+
+    sqlstate = "PQ013"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        job_id: int | None = None,
+        tenant_id: str | None = None,
+        dedupe_key: str | None = None,
+        held_by: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.tenant_id = tenant_id
+        self.dedupe_key = dedupe_key
+        self.held_by = held_by
 
 
 class CannotBlockInTransaction(QueueFull):
@@ -284,13 +313,27 @@ def numeric_argument(message: str) -> bool:
     return match is not None and "numeric" in (t.strip() for t in match["args"].split(","))
 
 
+def _detail_fields(detail: str | None, known: tuple[str, ...]) -> dict[str, Any]:
+    """The ``known`` fields of the JSON object in an error's DETAIL (None for those missing,
+    all None when it is not a JSON object)."""
+    try:
+        fields = json.loads(detail) if detail else {}
+    except ValueError:
+        fields = {}
+    if not isinstance(fields, dict):
+        fields = {}
+    return {k: fields.get(k) for k in known}
+
+
 def from_sqlstate(
     sqlstate: str | None, message: str, detail: str | None = None
-) -> UsageError | QueueFull | SchemaOutOfDate | InvalidSetting | None:
-    """Map a ``PQxxx`` SQLSTATE raised by ``pgqueue.enqueue`` to its Python error, else None.
+) -> UsageError | AdmissionError | SchemaOutOfDate | InvalidSetting | None:
+    """Map a ``PQxxx`` SQLSTATE raised by pgqueue's SQL functions to its Python error, else
+    None.
 
     For ``PQ010`` (:class:`QueueFull`) ``detail`` is the JSON verdict the database sends in
-    the error's DETAIL field. ``42883`` (undefined_function) naming a ``pgqueue.`` function
+    the error's DETAIL field; for ``PQ013`` (:class:`DedupeKeyHeld`) the job, the key and the
+    live job holding it. ``42883`` (undefined_function) naming a ``pgqueue.`` function
     means the schema is older than this pgqueue: :class:`SchemaOutOfDate`; unless an argument
     was sent as ``numeric`` (:func:`numeric_argument`): :class:`InvalidArgument`. ``PQ012``
     (a malformed ``pgqueue.*`` setting) is :class:`InvalidSetting`.
@@ -309,12 +352,10 @@ def from_sqlstate(
     if sqlstate == "22P05":  # untranslatable_character: \u0000 in jsonb or text
         return NulCharacter(message)
     if sqlstate == QueueFull.sqlstate:
-        fields: dict[str, Any] = {}
-        try:
-            fields = json.loads(detail) if detail else {}
-        except ValueError:
-            fields = {}
-        known = ("tier", "tenant_id", "depth", "cap", "scope", "policy")
-        return QueueFull(message, **{k: fields.get(k) for k in known})
+        verdict = ("tier", "tenant_id", "depth", "cap", "scope", "policy")
+        return QueueFull(message, **_detail_fields(detail, verdict))
+    if sqlstate == DedupeKeyHeld.sqlstate:
+        held = ("job_id", "tenant_id", "dedupe_key", "held_by")
+        return DedupeKeyHeld(message, **_detail_fields(detail, held))
     cls = _BY_SQLSTATE.get(sqlstate)
     return cls(message) if cls is not None else None

@@ -33,6 +33,7 @@ from pgqueue.errors import (
     InvalidArgument,
     PgqueueError,
     UsageError,
+    from_sqlstate,
     numeric_argument,
 )
 from pgqueue.settings import Settings, load_settings
@@ -286,20 +287,40 @@ def prepared_statements_advice(exc: psycopg.Error) -> str:
     )
 
 
+def _pgqueue_error(exc: psycopg.Error) -> PgqueueError | None:
+    """pgqueue's own error for a ``PQxxx`` SQLSTATE raised by its SQL (a malformed
+    ``pgqueue.*`` setting is ``PQ012``, :class:`InvalidSetting`), else None. Found by a
+    tester: `pgqueue status` and `pgqueue metrics` said "invalid DSN or query" and exit 2 for a
+    bad ``ALTER DATABASE ... SET pgqueue.default_quantum``; `pgqueue work` said InvalidSetting,
+    exit 1."""
+    if not (exc.sqlstate or "").startswith("PQ"):
+        return None
+    return from_sqlstate(
+        exc.sqlstate, exc.diag.message_primary or str(exc), exc.diag.message_detail
+    )
+
+
 def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
     """Turn the errors a user can meet into one line on stderr and an exit code.
 
     Exit 2: bad input (:class:`UsageError`, bad files, a malformed DSN). Exit 75 (EX_TEMPFAIL):
-    admission control refused the job for now (:class:`AdmissionError`, e.g. ``QueueFull``);
-    retry later. Exit 1: the environment (unreachable database, missing schema, any other
-    pgqueue or database error).
+    the queue refused the job for now (:class:`AdmissionError`: ``QueueFull``,
+    ``DedupeKeyHeld``); retry later. Exit 1: the environment (unreachable database, missing
+    schema, a bad ``pgqueue.*`` setting, any other pgqueue or database error). A ``PQxxx``
+    SQLSTATE from pgqueue's SQL is first mapped to its Python error (:func:`from_sqlstate`).
     """
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             _check_text_arguments(fn, kwargs)
-            return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            except psycopg.Error as exc:
+                mapped = _pgqueue_error(exc)
+                if mapped is None:
+                    raise
+                raise mapped from exc
         except typer.Exit:
             raise
         except BrokenPipeError:  # before OSError: stdout's reader went away

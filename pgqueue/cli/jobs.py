@@ -34,6 +34,8 @@ PAYLOAD_FILE_FACTOR = 4
 #: set to 1e11 made every file read reserve 400 GB.
 PAYLOAD_FILE_MAX_BYTES = 1 << 30
 _READ_CHUNK_BYTES = 1 << 20
+#: How many of the jobs a bulk retry skipped `pgqueue retry` names (it counts them all).
+_SKIPPED_SHOWN = 10
 
 
 def _read_at_most(name: str, size: int) -> bytes:
@@ -152,7 +154,12 @@ def enqueue(
     ] = None,
     dsn: DsnOption = None,
 ) -> None:
-    """Enqueue one job and print its id."""
+    """Enqueue one job and print its id.
+
+    When admission control does not take the job, nothing is printed on stdout and the
+    command exits 75 (EX_TEMPFAIL), saying why on stderr: QueueFull for a full tier of policy
+    `reject` (or `block`, after its wait), "dropped" for policy `drop` (nothing stored; the
+    drop is counted)."""
     import pgqueue
 
     int_in_range("--max-tokens", max_tokens, 1, _INT32_MAX)
@@ -187,7 +194,12 @@ def enqueue(
             dedupe_key=dedupe_key,
             settings=settings,
         )
-    console.print("dropped (tier full, policy drop)" if job_id is None else job_id)
+    if job_id is None:
+        # found by a tester: "dropped ..." went to stdout with exit 0, so `id=$(pgqueue
+        # enqueue ...)` held that text; not enqueued, as for QueueFull
+        err_console.print("dropped (tier full, policy drop): not enqueued", markup=False)
+        raise typer.Exit(75)
+    console.print(job_id)
 
 
 @app.command()
@@ -209,7 +221,9 @@ def retry(
     ] = False,
     dsn: DsnOption = None,
 ) -> None:
-    """Re-queue failed jobs in bulk, with fresh attempt counters."""
+    """Re-queue failed jobs in bulk, with fresh attempt counters. A job whose dedupe key a
+    live (queued or running) job holds is left failed, and a second line counts and names such
+    jobs; of failed jobs sharing a key, the newest is re-queued."""
     from pgqueue.admin import requeue_failed
     from pgqueue.errors import InvalidArgument
     from pgqueue.validation import check_tenant_id, check_tier
@@ -228,10 +242,25 @@ def retry(
     since_utc = since.replace(tzinfo=UTC) if since and since.tzinfo is None else since
     until_utc = until.replace(tzinfo=UTC) if until and until.tzinfo is None else until
     with psycopg.connect(_dsn(_settings(), dsn)) as conn:
-        ids = requeue_failed(
+        done = requeue_failed(
             conn, tenant_id=tenant, tier=tier, reason=reason, since=since_utc, until=until_utc
         )
-    console.print(f"re-queued {len(ids)} failed job(s)")
+    console.print(f"re-queued {len(done)} failed job(s)")
+    if done.skipped:
+        named = [
+            f"job {s.job_id} (held by job {s.held_by})"
+            if s.held_by is not None
+            else f"job {s.job_id} (held by a live job)"
+            for s in done.skipped[:_SKIPPED_SHOWN]
+        ]
+        if len(done.skipped) > _SKIPPED_SHOWN:
+            named.append(f"{len(done.skipped) - _SKIPPED_SHOWN} more")
+        console.print(
+            f"skipped {len(done.skipped)} failed job(s): a live job holds their dedupe key: "
+            + ", ".join(named),
+            markup=False,
+            highlight=False,
+        )
 
 
 # ignore_unknown_options: click reads a token starting with "-" as an option, so `cancel -5`

@@ -4,8 +4,8 @@ transaction.
 
 - cancel a job: ``pgqueue.cancel`` (:func:`pgqueue.cancel`);
 - retry a failed or cancelled job: ``pgqueue.retry`` (:func:`pgqueue.admin.retry_job`);
-- redrive a tenant's failed jobs: ``pgqueue.retry_failed`` (:func:`pgqueue.admin.requeue_failed`,
-  as ``pgqueue retry --tenant``);
+- redrive a tenant's failed jobs: ``pgqueue.retry_failed_outcomes``
+  (:func:`pgqueue.admin.requeue_failed`, as ``pgqueue retry --tenant``);
 - change a tenant's plan or quantum: ``pgqueue.tenant_set`` (as ``pgqueue tenants set``).
 """
 
@@ -54,22 +54,23 @@ def retry(conn: psycopg.Connection[Any], job_id: int) -> str:
 
     Raises:
         UnknownJob: no such job.
+        DedupeKeyHeld: a live job of its tenant holds its dedupe key.
     """
     with conn.transaction():
         return retry_job(conn, job_id)
 
 
-def redrive(conn: psycopg.Connection[Any], tenant_id: str, tier: str | None) -> int:
-    """Re-queue every failed job of ``tenant_id`` (of one ``tier``, when given); how many.
+def redrive(conn: psycopg.Connection[Any], tenant_id: str, tier: str | None) -> tuple[int, int]:
+    """Re-queue every failed job of ``tenant_id`` (of one ``tier``, when given); how many, and
+    how many were left failed because a live job holds their dedupe key.
 
     Raises:
         InvalidTenant, InvalidArgument: a bad tenant id or tier.
     """
     check_tenant_id(tenant_id)
     with conn.transaction():
-        return len(
-            requeue_failed(conn, tenant_id=tenant_id, tier=check_tier(tier) if tier else None)
-        )
+        done = requeue_failed(conn, tenant_id=tenant_id, tier=check_tier(tier) if tier else None)
+    return len(done), len(done.skipped)
 
 
 def configure_tenant(

@@ -36,7 +36,7 @@ from starlette.staticfiles import StaticFiles
 
 from pgqueue.dashboard import actions, data
 from pgqueue.dashboard.guard import CSRF_FIELD, Guard, Refused
-from pgqueue.errors import PgqueueError, UnknownJob, UsageError
+from pgqueue.errors import DedupeKeyHeld, PgqueueError, UnknownJob, UsageError
 from pgqueue.models import JobState, Tier
 from pgqueue.observability.jobs import JobFilter, job_detail, list_jobs
 
@@ -68,6 +68,9 @@ _DONE = {
     "retried": "Job put back in the queue.",
     "not-retried": "Only a failed or cancelled job can be retried; left as it is.",
     "redriven": "Failed jobs re-queued: {n}.",
+    "redriven-skipped": (
+        "Failed jobs re-queued: {n}. Left failed: {m}, whose dedupe key a live job holds."
+    ),
     "tenant": "Tenant saved.",
     "login": "Actions unlocked.",
     "logout": "Logged out: read-only.",
@@ -176,6 +179,7 @@ class Dashboard:
         csrf, new = self.guard.csrf_token(request)
         done = _DONE.get(request.query_params.get("done", ""), "")
         n = request.query_params.get("n", "")
+        m = request.query_params.get("m", "")
         context = {
             **context,
             "request": request,
@@ -186,7 +190,7 @@ class Dashboard:
             "actions_enabled": self.guard.actions_enabled,
             "admin": self.guard.is_admin(request),
             "refresh_seconds": self.config.refresh_seconds,
-            "done": done.format(n=int(n) if n.isdigit() else 0),
+            "done": done.format(n=int(n) if n.isdigit() else 0, m=int(m) if m.isdigit() else 0),
             "here": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
         }
         fragment = request.query_params.get("fragment") == "1"
@@ -341,6 +345,8 @@ class Dashboard:
             return self.refused(request, 404, str(exc))
         except UsageError as exc:
             return self.refused(request, 400, str(exc))
+        except DedupeKeyHeld as exc:  # a raw unique violation, a 500, before revision 0070
+            return self.refused(request, 409, str(exc))
         except psycopg.errors.CheckViolation as exc:
             return self.refused(request, 400, exc.diag.message_primary or "refused by the table")
         return RedirectResponse(target, status_code=303)
@@ -352,19 +358,21 @@ class Dashboard:
             return run(conn, form)
 
 
-def _back(form: dict[str, str], done: str, n: int | None = None) -> str:
+def _back(form: dict[str, str], done: str, n: int | None = None, m: int | None = None) -> str:
     """Where to go after a form: its ``next`` field when it is a path of this site, else the
-    overview; with the ``done`` code (and count) for the message."""
+    overview; with the ``done`` code (and counts) for the message."""
     target = form.get("next", "/")
     if not target.startswith("/") or target.startswith("//") or "\\" in target:
         target = "/"
     path = target.split("?", 1)[0]
     params = dict(parse_qsl(target.split("?", 1)[1])) if "?" in target else {}
-    for key in ("done", "n", "fragment"):
+    for key in ("done", "n", "m", "fragment"):
         params.pop(key, None)
     params["done"] = done
     if n is not None:
         params["n"] = str(n)
+    if m is not None:
+        params["m"] = str(m)
     return f"{path}?{urlencode(params)}"
 
 
@@ -381,7 +389,11 @@ def _retry(conn: psycopg.Connection[Any], form: dict[str, str]) -> str:
 
 
 def _redrive(conn: psycopg.Connection[Any], form: dict[str, str]) -> str:
-    n = actions.redrive(conn, form.get("tenant_id", ""), form.get("tier", "").strip() or None)
+    n, skipped = actions.redrive(
+        conn, form.get("tenant_id", ""), form.get("tier", "").strip() or None
+    )
+    if skipped:
+        return _back({"next": "/tenants"}, "redriven-skipped", n, skipped)
     return _back({"next": "/tenants"}, "redriven", n)
 
 

@@ -1161,3 +1161,47 @@ def test_an_enqueue_that_waits_for_room_says_so_once(db_dsn, monkeypatch):
         assert len(lines) == 2 and lines[0] == says, lines
         assert lines[1].startswith("QueueFull: queue full: ") and "no room after" in lines[1]
     assert _jobs(db_dsn) == 1
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["status"], ["status", "--json"], ["metrics", "--port", "19473"]],
+)
+def test_a_bad_database_setting_is_an_invalid_setting(db_dsn, command):
+    """Found by a tester: with `ALTER DATABASE d SET pgqueue.default_quantum = 'abc'`,
+    `pgqueue status` said "invalid DSN or query: ..." and exit 2 (bad input), where `pgqueue
+    work` says InvalidSetting and exit 1, as the README does: the database's setting is the
+    environment."""
+    from psycopg import sql
+
+    import pgqueue
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        # a tenant with a queued job: status reads its quantum
+        pgqueue.enqueue(conn, tenant_id="t", origin="user_action", payload={}, kind="k")
+        name = sql.Identifier(conn.info.dbname)
+        conn.execute(sql.SQL("ALTER DATABASE {} SET pgqueue.default_quantum = 'abc'").format(name))
+    result = run(*command, "--dsn", db_dsn)
+    assert result.exit_code == 1, result.stderr
+    assert _lines(result) == [
+        "InvalidSetting: pgqueue.default_quantum must be a number from 0.001 to 1000000000, "
+        "got 'abc'"
+    ]
+
+
+def test_a_dropped_enqueue_prints_no_id(db_dsn):
+    """Found by a tester: into a full tier of policy drop, `pgqueue enqueue` printed
+    "dropped (tier full, policy drop)" on stdout and exited 0, so `id=$(pgqueue enqueue ...)`
+    held that text. Now nothing on stdout, the notice on stderr, exit 75 (not enqueued, as for
+    QueueFull)."""
+    import pgqueue
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        pgqueue.set_admission(conn, "standard", max_queued=0, policy="drop")
+    result = run("enqueue", "acme", "--prompt", "x", "--sla-seconds", "60", "--dsn", db_dsn)
+    assert result.exit_code == 75
+    assert result.stdout == ""
+    assert _lines(result) == ["dropped (tier full, policy drop): not enqueued"]
+    assert _jobs(db_dsn) == 0
+    admitted = run("enqueue", "acme", "--prompt", "x", "--dsn", db_dsn)  # batch: not capped
+    assert admitted.exit_code == 0 and admitted.stdout.strip().isdigit()

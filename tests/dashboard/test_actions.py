@@ -38,6 +38,40 @@ def test_redrive_requeues_one_tenants_failed_jobs(client: Client, seeded: Seeded
     assert "Failed jobs re-queued: 1." in page
 
 
+def test_a_dedupe_key_held_by_a_live_job(client: Client, db_dsn):
+    """Found by a tester: retrying a failed job whose dedupe key a queued job holds answered
+    500 (the raw unique violation); now 409 with the message naming both jobs. Re-queueing
+    the tenant's failed jobs skips it and says so."""
+    import pgqueue
+
+    payload = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    with psycopg.connect(db_dsn) as conn:
+        held, plain = (
+            pgqueue.enqueue(
+                conn, tenant_id="acme", origin="batch_job", payload=payload, dedupe_key=key
+            )
+            for key in ("K", None)
+        )
+        conn.commit()
+    assert held is not None and plain is not None
+    _fail(db_dsn, held, plain)
+    with psycopg.connect(db_dsn) as conn:
+        holder = pgqueue.enqueue(
+            conn, tenant_id="acme", origin="batch_job", payload=payload, dedupe_key="K"
+        )
+        conn.commit()
+    status, _, page = _unlocked(client).post("/actions/retry", {"job_id": str(held)})
+    assert status == 409, page
+    assert f"job {held} not retried: its dedupe key &#39;K&#39; (tenant &#39;acme&#39;) is" in page
+    assert f"held by live job {holder}" in page
+    status, headers, _ = client.post("/actions/redrive", {"tenant_id": "acme"})
+    assert status == 303
+    assert headers["location"] == "/tenants?done=redriven-skipped&n=1&m=1"
+    assert (job_state(db_dsn, held), job_state(db_dsn, plain)) == ("failed", "queued")
+    _, _, page = client.request(headers["location"])
+    assert "Failed jobs re-queued: 1. Left failed: 1, whose dedupe key a live job holds." in page
+
+
 def test_tenant_plan_and_quantum(client: Client, seeded: Seeded, db_dsn):
     _unlocked(client)
     form = {"tenant_id": "globex", "plan": "pro", "quantum": ""}

@@ -12,6 +12,7 @@ import pytest
 import pgqueue
 from pgqueue.admin import requeue_failed
 
+_CLI = [sys.executable, "-c", "from pgqueue.cli import app; app()"]
 PAYLOAD = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -196,3 +197,212 @@ def test_retry_of_an_unknown_job(conn):
     conn.rollback()
     with pytest.raises(pgqueue.InvalidArgument):
         retry_job(conn, 0)
+
+
+# ------------------------------------------------ retries and dedupe keys (revision 0070)
+def _keyed(conn, tenant: str, key: str | None, *, failed: bool) -> int:
+    job = pgqueue.enqueue(
+        conn, tenant_id=tenant, origin="user_action", payload=PAYLOAD, dedupe_key=key
+    )
+    assert job is not None
+    if failed:
+        _fail_all(conn, "HTTP 400", f"id = {job}")
+    return job
+
+
+def _states(conn, *ids: int) -> list[str]:
+    return [
+        conn.execute("SELECT state::text FROM pgqueue.jobs WHERE id = %s", (i,)).fetchone()[0]
+        for i in ids
+    ]
+
+
+def test_a_bulk_retry_skips_the_jobs_whose_dedupe_key_a_live_job_holds(conn):
+    """Found by a tester: one failed job whose dedupe key a queued job held made `pgqueue retry
+    --all` fail with a unique violation of jobs_dedupe_live_idx, and nothing was re-queued,
+    not even an unrelated job. Now the others are re-queued and that one is skipped, named with
+    the live job; of two failed jobs sharing a key, the newer is re-queued."""
+    from pgqueue.admin import HeldJob
+
+    held = _keyed(conn, "a", "K", failed=True)
+    # failed, then its key enqueued again: the job now live holds it
+    holder = _keyed(conn, "a", "K", failed=False)
+    plain = _keyed(conn, "a", None, failed=True)
+    older = _keyed(conn, "a", "K2", failed=True)
+    newer = _keyed(conn, "a", "K2", failed=True)
+    other_tenant = _keyed(conn, "b", "K", failed=True)  # keys are per tenant
+    done = requeue_failed(conn)
+    assert done == [plain, newer, other_tenant]
+    assert done.skipped == [HeldJob(held, "K", holder), HeldJob(older, "K2", newer)]
+    assert _states(conn, held, holder, plain, older, newer, other_tenant) == [
+        "failed",
+        "queued",
+        "queued",
+        "failed",
+        "queued",
+        "queued",
+    ]
+    _counters_match(conn)
+    again = requeue_failed(conn)
+    assert again == [] and [s.job_id for s in again.skipped] == [held, older]
+
+
+def test_a_retry_of_a_job_whose_dedupe_key_a_live_job_holds(conn):
+    """pgqueue.retry raised the raw unique violation: now PQ013, DedupeKeyHeld, naming the job,
+    the key and the live job (an AdmissionError: `retry later`, exit 75 at the CLI)."""
+    from pgqueue.admin import retry_job
+
+    held = _keyed(conn, "a", "K", failed=True)
+    holder = _keyed(conn, "a", "K", failed=False)
+    conn.commit()
+    with pytest.raises(pgqueue.DedupeKeyHeld) as raised:
+        retry_job(conn, held)
+    assert str(raised.value) == (
+        f"job {held} not retried: its dedupe key 'K' (tenant 'a') is held by live job {holder}"
+    )
+    assert (raised.value.job_id, raised.value.tenant_id) == (held, "a")
+    assert (raised.value.dedupe_key, raised.value.held_by) == ("K", holder)
+    assert isinstance(raised.value, pgqueue.AdmissionError)
+    conn.rollback()
+    assert pgqueue.cancel(conn, holder) == "cancelled"
+    assert retry_job(conn, held) == "queued"  # once the key is free
+
+
+def _in_thread(dsn: str, work, *, isolation=None):
+    """Run ``work(conn)`` on a connection of its own, named 'blocked', in a thread; the
+    thread and a list that gets its result or exception."""
+    import threading
+
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            with psycopg.connect(dsn, application_name="blocked") as c:
+                if isolation is not None:
+                    c.isolation_level = isolation
+                out.append(work(c))
+                c.commit()
+        except BaseException as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def _wait_until_blocked(conn) -> None:
+    import time
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = 'blocked' AND wait_event_type = 'Lock'"
+        ).fetchone()
+        conn.commit()
+        if row[0] == 1:
+            return
+        time.sleep(0.02)
+    raise AssertionError("the retry never waited")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("bulk", [True, False])
+def test_a_retry_racing_an_enqueue_of_the_same_key(db_dsn, bulk):
+    """An enqueue of the key, not committed when the retry's UPDATE runs: the unique index
+    makes the retry wait, then fail with a unique violation once the enqueue commits. No raw
+    unique violation escapes: the bulk retry runs again with a snapshot that sees that job and
+    skips the job, the single one raises DedupeKeyHeld, each naming the job enqueued
+    meanwhile."""
+    from pgqueue.admin import retry_job
+
+    with psycopg.connect(db_dsn) as conn:
+        held = _keyed(conn, "a", "K", failed=True)
+        plain = _keyed(conn, "a", None, failed=True)
+        older, newer = (_keyed(conn, "a", "K2", failed=True) for _ in range(2))
+        conn.commit()
+        racer = _keyed(conn, "a", "K", failed=False)  # not committed yet
+        with psycopg.connect(db_dsn) as watcher:
+            thread, out = _in_thread(
+                db_dsn, requeue_failed if bulk else (lambda c: retry_job(c, held))
+            )
+            _wait_until_blocked(watcher)
+            conn.commit()
+            thread.join(30)
+        assert len(out) == 1
+        if bulk:
+            assert out[0] == [plain, newer]
+            skipped = [(s.job_id, s.held_by) for s in out[0].skipped]
+            assert skipped == [(held, racer), (older, newer)]
+        else:
+            assert isinstance(out[0], pgqueue.DedupeKeyHeld), out[0]
+            assert out[0].held_by == racer
+        assert _states(conn, held, racer) == ["failed", "queued"]
+        _counters_match(conn)
+
+
+@pytest.mark.parametrize("bulk", [True, False])
+def test_a_retry_in_repeatable_read_after_a_holder_committed(db_dsn, bulk):
+    """A live job committed after a REPEATABLE READ transaction's snapshot holds the key: the
+    retry cannot see it, yet no raw unique violation escapes (held_by is then unknown). The bulk
+    retry goes one job at a time then, and still re-queues only the newer of two failed jobs
+    sharing a key."""
+    from pgqueue.admin import retry_job
+
+    with psycopg.connect(db_dsn) as conn, psycopg.connect(db_dsn) as late:
+        held = _keyed(conn, "a", "K", failed=True)
+        plain = _keyed(conn, "a", None, failed=True)
+        older, newer = (_keyed(conn, "a", "K2", failed=True) for _ in range(2))
+        conn.commit()
+        late.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        late.execute("SELECT 1 FROM pgqueue.jobs").fetchall()  # the snapshot is taken
+        _keyed(conn, "a", "K", failed=False)
+        conn.commit()
+        if bulk:
+            done = requeue_failed(late)
+            assert done == [plain, newer]
+            skipped = [(s.job_id, s.held_by) for s in done.skipped]
+            assert skipped == [(held, None), (older, newer)]
+        else:
+            with pytest.raises(pgqueue.DedupeKeyHeld, match="held by a live job committed"):
+                retry_job(late, held)
+
+
+@pytest.mark.timeout(60)
+def test_two_bulk_retries_at_once(db_dsn):
+    """The second waits for the jobs the first holds, then skips the one whose key the first
+    re-queued a sibling for."""
+    with psycopg.connect(db_dsn) as conn:
+        older = _keyed(conn, "a", "K", failed=True)
+        newer = _keyed(conn, "a", "K", failed=True)
+        conn.commit()
+        first = requeue_failed(conn)  # not committed yet
+        assert first == [newer] and [s.job_id for s in first.skipped] == [older]
+        with psycopg.connect(db_dsn) as watcher:
+            thread, out = _in_thread(db_dsn, requeue_failed)
+            _wait_until_blocked(watcher)
+            conn.commit()
+            thread.join(30)
+        assert out == [[]]
+        assert [(s.job_id, s.held_by) for s in out[0].skipped] == [(older, newer)]
+
+
+def test_retry_cli_reports_the_jobs_it_skipped(db_dsn):
+    """The tester's reproduction: `pgqueue retry --all` exited 1 with a unique violation."""
+    with psycopg.connect(db_dsn) as conn:
+        held = _keyed(conn, "a", "K", failed=True)
+        holder = _keyed(conn, "a", "K", failed=False)
+        _keyed(conn, "a", None, failed=True)
+        conn.commit()
+    out = subprocess.run(
+        [*_CLI, "retry", "--all", "--dsn", db_dsn],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "re-queued 1 failed job(s)",
+        f"skipped 1 failed job(s): a live job holds their dedupe key: job {held} (held by "
+        f"job {holder})",
+    ]

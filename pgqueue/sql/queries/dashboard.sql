@@ -138,5 +138,6 @@ ORDER BY e.occurred_at, e.id
 
 -- name: job_retry_one :one
 -- Put one failed or cancelled job back in the queue with fresh counters (pgqueue.retry,
--- revision 0034): its state after, 'queued' or its state unchanged. PQ011: no such job.
+-- revision 0034): its state after, 'queued' or its state unchanged. PQ011: no such job;
+-- PQ013: a live job holds its dedupe key.
 SELECT pgqueue.retry(%(job_id)s, %(tenant_id)s) AS state

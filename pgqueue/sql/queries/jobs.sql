@@ -262,11 +262,13 @@ ORDER BY 1
 
 -- name: job_requeue_failed :many
 -- `pgqueue retry`: failed jobs matching every given filter go back to the queue with fresh
--- counters (pgqueue.retry_failed, revision 0034; `reason` is a literal substring of
--- last_error, any case); last_error is kept until the next attempt overwrites it.
-SELECT r.id
-FROM pgqueue.retry_failed(%(tenant_id)s, %(tier)s::pgqueue.tier, %(reason)s,
-                          %(since)s, %(until)s) AS r(id)
+-- counters (pgqueue.retry_failed_outcomes, revision 0070; `reason` is a literal substring of
+-- last_error, any case); last_error is kept until the next attempt overwrites it. One row per
+-- job matched, by id: requeued, or not when a live job holds its dedupe key (held_by).
+SELECT r.id, r.requeued, r.dedupe_key, r.held_by
+FROM pgqueue.retry_failed_outcomes(%(tenant_id)s, %(tier)s::pgqueue.tier, %(reason)s,
+                                   %(since)s, %(until)s) AS r
+ORDER BY r.id
 
 -- name: job_prune :one
 -- Retention: delete up to `limit` finished jobs (succeeded, failed, cancelled) that finished
