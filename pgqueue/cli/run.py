@@ -103,6 +103,7 @@ def work(
     # the worker's INFO lines are its life cycle (a stop, the end of an outage): shown without -v
     logging.getLogger("pgqueue.worker").setLevel(logging.INFO)
     worker = Worker(target, settings, registry, concurrency=concurrency, burst=burst, listen=listen)
+    worker.check_schema()  # a schema behind: one error line, not "started" first (a tester)
     wake = "LISTEN/NOTIFY" if listen else "polling only"
     err_console.print(
         f"worker {worker.worker_id} started: {worker.concurrency} slots, {wake} (poll every "

@@ -209,7 +209,7 @@ class Worker(Producer):
                     loop.remove_signal_handler(sig)
 
     async def _run(self) -> WorkerStats:
-        await asyncio.to_thread(self._check_schema)
+        await asyncio.to_thread(self.check_schema)
         self._cannot_run |= await prepare_for_worker(self.registry.get(ANTHROPIC_KIND))
         if self._stopping:  # asked to stop while starting: nothing was claimed
             return self.stats
@@ -301,7 +301,10 @@ class Worker(Producer):
             )
         return self.stats
 
-    def _check_schema(self) -> None:
+    def check_schema(self) -> None:
+        """Raise :class:`~pgqueue.errors.SchemaOutOfDate` unless the database's schema is at
+        this version's head (:meth:`run` checks first; `pgqueue work` also checks before it says
+        the worker started: found by a tester, it said "started", then failed)."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             check_schema(conn)
 
