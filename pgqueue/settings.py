@@ -103,7 +103,8 @@ class Settings(BaseSettings):
     burst_horizon_seconds: float = Field(
         default=60.0,
         ge=0,
-        description="`work --burst` waits for queued jobs due within this horizon before exiting.",
+        description="`work --burst` waits for queued jobs due within this horizon before exiting, "
+        "and for other workers' leases ending within it (at most this long in all).",
     )
 
     # --- retries and backpressure (the article's figures)

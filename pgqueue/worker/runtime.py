@@ -77,7 +77,9 @@ class Worker(Producer):
         settings: tunables (lease, heartbeat, poll interval, grace period, retry policy).
         registry: handlers by kind; the built-ins are added under it.
         concurrency: jobs in flight at once (default ``settings.concurrency``).
-        burst: exit when nothing is queued within ``settings.burst_horizon_seconds``.
+        burst: exit when nothing is queued within ``settings.burst_horizon_seconds``, nor
+            running under another worker's lease that ends within it (waited for at most
+            that horizon in all).
         listen: use LISTEN/NOTIFY (off → poll only, e.g. behind PgBouncer in transaction mode).
 
     Raises (from :meth:`run`):
