@@ -829,7 +829,7 @@ def test_stored_control_characters_are_shown_escaped(db_dsn, monkeypatch):
 
     for module in (pgqueue.validation, pgqueue.batch):
         monkeypatch.setattr(module, "has_control", lambda _text: False)
-    with psycopg.connect(db_dsn, autocommit=True) as conn:  # as before revision 0073
+    with psycopg.connect(db_dsn, autocommit=True) as conn:  # as before revision 0071
         conn.execute("CREATE OR REPLACE FUNCTION pgqueue.has_control(t text) RETURNS boolean"
                      " LANGUAGE sql AS $$ SELECT false $$")  # fmt: skip
     esc, osc, two = "esc\x1b[31mRED\x1b[0m", "\x1b]0;pwned\x07x", "a\nb"

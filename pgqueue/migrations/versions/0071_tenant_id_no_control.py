@@ -13,16 +13,16 @@ stay. Its name sorts after ``tenants_tenant_id_visible`` (Postgres checks in nam
 tenant id of a tab alone is still refused as one that shows nothing. The texts are the schema
 files'.
 
-Revision ID: 0073
-Revises: 0069
+Revision ID: 0071
+Revises: 0070
 """
 
 from __future__ import annotations
 
 from alembic import op
 
-revision = "0073"
-down_revision = "0069"
+revision = "0071"
+down_revision = "0070"
 branch_labels = None
 depends_on = None
 
