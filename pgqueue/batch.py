@@ -17,6 +17,7 @@ from pgqueue.validation import (
     MAX_KIND_CHARS,
     MAX_TENANT_ID_CHARS,
     check_job,
+    has_control,
     has_nul_escape,
     is_invisible,
     is_utf8_encodable,
@@ -131,6 +132,7 @@ def check_batch(jobs: Sequence[JobSpec | Mapping[str, Any]], max_payload_bytes: 
             and "\x00" not in tenant
             and is_utf8_encodable(tenant)
             and not is_invisible(tenant)
+            and not has_control(tenant)
             and isinstance(origin, str)
             and origin in _ORIGIN_VALUES
             and (

@@ -17,8 +17,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     """All tunables of a pgqueue process, with their units in their names.
 
-    Raises ``pydantic.ValidationError`` when the lease does not outlive the provider timeout
-    and the heartbeat interval (a job must never outlive its lease while still running).
+    Raises ``pydantic.ValidationError`` when the lease does not outlive the provider timeout,
+    or the heartbeat interval is over half the lease (a job must never outlive its lease while
+    still running: a heartbeat that fails, a lost connection or a held row, is tried again one
+    interval later, and that second try must come before the lease ends).
     """
 
     # No NaN or infinity in any float (found by a tester: PGQUEUE_POLL_INTERVAL_SECONDS=inf
@@ -61,7 +63,11 @@ class Settings(BaseSettings):
         "(pgqueuer's batch_size with max_concurrent_tasks >= 2 x batch_size is the same shape).",
     )
     lease_seconds: float = Field(default=120.0, gt=0)
-    heartbeat_seconds: float = Field(default=15.0, gt=0)
+    heartbeat_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        description="How often a worker extends its leases; at most half the lease.",
+    )
     provider_timeout_seconds: float = Field(default=90.0, gt=0)
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     rescue_interval_seconds: float = Field(default=15.0, gt=0)
@@ -97,7 +103,8 @@ class Settings(BaseSettings):
     burst_horizon_seconds: float = Field(
         default=60.0,
         ge=0,
-        description="`work --burst` waits for queued jobs due within this horizon before exiting.",
+        description="`work --burst` waits for queued jobs due within this horizon before exiting, "
+        "and for other workers' leases ending within it (at most this long in all).",
     )
 
     # --- retries and backpressure (the article's figures)
@@ -197,8 +204,14 @@ class Settings(BaseSettings):
                 f"provider_timeout_seconds ({self.provider_timeout_seconds}) must be shorter than "
                 f"lease_seconds ({self.lease_seconds}), or a second worker could run the same job"
             )
-        if self.heartbeat_seconds >= self.lease_seconds:
-            raise ValueError("heartbeat_seconds must be shorter than lease_seconds")
+        if self.heartbeat_seconds > self.lease_seconds / 2:
+            # Found by a tester: 119 s with a 120 s lease was taken; one failed heartbeat then
+            # let the lease expire under a running job, and the job ran twice.
+            raise ValueError(
+                f"heartbeat_seconds ({self.heartbeat_seconds}) must be at most half of "
+                f"lease_seconds ({self.lease_seconds}), so that a heartbeat that fails is tried "
+                "again before the lease ends"
+            )
         return self
 
 

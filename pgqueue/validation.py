@@ -40,9 +40,15 @@ MAX_SLA_SECONDS = 315_576_000
 #: limit (found by a fault run: a deeper payload enqueued through SQL crashed every worker
 #: that claimed it). The SQL function ``pgqueue.payload_problem`` refuses the same.
 MAX_PAYLOAD_LEVELS = 512
-#: Control characters (C0, DEL, C1): refused in a dedupe key, an identifier a person reads and
-#: compares; they print as nothing or move the cursor.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: Control characters (Unicode category Cc: C0, DEL, C1) but U+0000, as a regular-expression
+#: class that Python's ``re`` and Postgres read alike. Refused anywhere in a tenant id (found by
+#: a tester: ``esc\x1b[31mRED`` and ``\x1b]0;pwned\x07`` were taken, and the command line's
+#: tables sent them to the terminal; ``a\nb`` showed as two rows) and in a dedupe key, names a
+#: person reads and compares: they print as nothing or move the cursor. The SQL function
+#: ``pgqueue.has_control`` (010_tables.sql) holds this text; tests/unit/test_invisible_tenant.py
+#: compares them. U+0000 is :class:`NulCharacter`'s, before.
+CONTROL_CLASS = r"\u0001-\u001f\u007f-\u009f"
+_CONTROL = re.compile(f"[\x00{CONTROL_CLASS}]")
 #: The characters that show nothing on their own, as a regular-expression class that Python's
 #: ``re`` and Postgres read alike: white space (``str.isspace``), controls (Cc; not U+0000),
 #: format characters (Cf: U+200B ZERO WIDTH SPACE, U+FEFF, the bidi marks), separators (Zs, Zl,
@@ -110,8 +116,9 @@ def shown_text(value: str) -> str:
 
 
 def shown_invisible(value: str) -> str:
-    """A tenant id that shows nothing, for an error message: quoted, each character of
-    :data:`INVISIBLE_CLASS` but the space written as ``<U+XXXX>``, and of one longer than
+    """A refused tenant id (one that shows nothing, or holds a control character), for an error
+    message: quoted, each character of :data:`INVISIBLE_CLASS` (which holds
+    :data:`CONTROL_CLASS`) but the space written as ``<U+XXXX>``, and of one longer than
     :data:`SHOWN_CHARS` characters the first :data:`SHOWN_CHARS`, then "…". ``repr`` prints
     U+3164 or U+2800 as they are, blank, and SQL printed U+200B as ``''``. The SQL function
     ``pgqueue.shown_invisible`` writes the same, so Python and SQL raise one message."""
@@ -143,7 +150,8 @@ def _check_text(value: object, what: str, limit: int, error: type[Exception]) ->
 def check_tenant_id(tenant_id: object) -> str:
     """``tenant_id`` if it is a valid tenant id: a string of 1 to :data:`MAX_TENANT_ID_CHARS`
     characters, without NUL, valid Unicode, holding a visible character (not only white space
-    or the other characters of :data:`INVISIBLE_CLASS`, such as U+200B). Every boundary that
+    or the other characters of :data:`INVISIBLE_CLASS`, such as U+200B), and no control
+    character (:data:`CONTROL_CLASS`: ESC, a tab, a line break) anywhere. Every boundary that
     takes a tenant id applies it: enqueue (:func:`check_job`), and the lookups and settings
     (`tenants set`, `jobs list --tenant`, `retry`, `cancel`, the dashboard), so a blank tenant
     id is refused alike everywhere (found by a tester: `tenants set "  "` stored a tenant that
@@ -151,8 +159,9 @@ def check_tenant_id(tenant_id: object) -> str:
 
     Raises:
         InvalidTenant: not a string, empty, invisible only, too long (the message gives its
-            length and shows its first :data:`SHOWN_CHARS` characters, then "…"), or a lone
-            surrogate in it.
+            length and shows its first :data:`SHOWN_CHARS` characters, then "…"), a lone
+            surrogate or a control character in it (shown as ``<U+XXXX>``, as
+            :func:`shown_invisible` shows it).
         NulCharacter: it holds U+0000.
     """
     tid = _check_text(tenant_id, "tenant_id", MAX_TENANT_ID_CHARS, InvalidTenant)
@@ -165,7 +174,18 @@ def check_tenant_id(tenant_id: object) -> str:
             "tenant_id must hold a visible character, not only control or format characters "
             f"(such as U+200B), got {shown_invisible(tid)}"
         )
+    if has_control(tid):
+        raise InvalidTenant(
+            "tenant_id must not hold a control character (U+0001-U+001F, U+007F-U+009F, such "
+            f"as ESC or a line break), got {shown_invisible(tid)}"
+        )
     return tid
+
+
+def has_control(text: str) -> bool:
+    """Whether ``text`` holds a control character (:data:`CONTROL_CLASS`, or U+0000)
+    anywhere."""
+    return _CONTROL.search(text) is not None
 
 
 def is_invisible(text: str) -> bool:

@@ -141,9 +141,24 @@ def check_can_listen(host: str, port: int) -> None:
 
 
 def _say(kind: str, message: str) -> None:
+    """``kind: message`` in red on stderr, one line: the message's control characters escaped
+    (a database error quotes the text it refused as it is; :func:`pgqueue.display.printable`)."""
     from rich.markup import escape
 
-    err_console.print(f"[red]{escape(kind)}:[/red] {escape(message)}", highlight=False)
+    from pgqueue.display import printable
+
+    err_console.print(f"[red]{escape(kind)}:[/red] {escape(printable(message))}", highlight=False)
+
+
+class _PrintableFormatter(logging.Formatter):
+    """Log lines with their control characters escaped (:func:`pgqueue.display.printable`):
+    a record may quote a kind, a model or a provider's error text. A traceback that follows
+    keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        from pgqueue.display import printable
+
+        return printable(super().formatMessage(record))
 
 
 def _bound(value: float) -> str:
@@ -443,10 +458,9 @@ def main(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
 ) -> None:
     """Configure logging for every command."""
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(_PrintableFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])
 
 
 # The commands register themselves on `app` when imported.

@@ -28,6 +28,7 @@ from pgqueue.cli import (
     limits_app,
     tenants_app,
 )
+from pgqueue.display import cell
 
 
 @app.command()
@@ -162,9 +163,9 @@ def tenants_list(
     for col in ("tenant", "plan", "quantum", "daily budget", "queued", "demoted"):
         table.add_column(col)
     for r in rows:
-        table.add_row(  # Text: names as they are stored, never read as rich markup
-            Text(r["tenant_id"]),
-            Text(r["plan"]),
+        table.add_row(  # cells: stored names, never rich markup nor control characters
+            cell(r["tenant_id"]),
+            cell(r["plan"]),
             str(r["quantum"] or "default"),
             str(r["daily_token_budget"] or "default"),
             str(r["queued"]),
@@ -222,7 +223,7 @@ def limits_list(dsn: DsnOption = None) -> None:
         table.add_column(col, justify="left" if col == "model" else "right")
     for r in rows:
         table.add_row(
-            Text(r["model"]),  # a model named "[/x]" is text, not rich markup
+            cell(r["model"]),  # a model named "[/x]" is text, not rich markup
             f"{r['requests_available']:.0f} / {r['requests_per_minute']:.0f}",
             f"{r['input_tokens_available']:.0f} / {r['input_tokens_per_minute']:.0f}",
             f"{r['output_tokens_available']:.0f} / {r['output_tokens_per_minute']:.0f}",
@@ -276,11 +277,11 @@ def admission_show(
         table.add_column(col, justify="left" if col in ("tier", "policy") else "right")
     for r in rows:
         table.add_row(
-            Text(r["tier"]),
+            cell(r["tier"]),
             str(r["queued"]),
             "-" if r["max_queued"] is None else str(r["max_queued"]),
             "-" if r["tenant_max_queued"] is None else str(r["tenant_max_queued"]),
-            Text(r["policy"]),
+            cell(r["policy"]),
             str(r["dropped"]),
         )
     console.print(table)

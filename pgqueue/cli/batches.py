@@ -8,9 +8,9 @@ from typing import Annotated
 import psycopg
 import typer
 from rich.table import Table
-from rich.text import Text
 
 from pgqueue.cli import DsnOption, _dsn, _settings, app, cli_errors, console, int_in_range
+from pgqueue.display import cell, printable
 
 batches_app = typer.Typer(
     help="The batches lane: batch-tier jobs through the Message Batches API (docs/batches.md)."
@@ -66,7 +66,7 @@ def batches_list(
         rows = queries.run(conn, "batch_list", {"limit": limit})
     on = ", ".join(f"{r['tenant_id'] or '(every tenant)'} {'on' if r['enabled'] else 'off'}"
                    for r in lanes)  # fmt: skip
-    console.print(f"lane: {on or 'off (no setting)'}", markup=False)
+    console.print(f"lane: {printable(on) or 'off (no setting)'}", markup=False)
     table = Table(title="Batches")
     for col in ("id", "state", "provider id", "requests", "ok", "errored", "expired", "canceled",
                 "submitted", "ended"):  # fmt: skip
@@ -74,8 +74,8 @@ def batches_list(
     for r in rows:
         table.add_row(
             str(r["id"]),
-            r["state"],
-            Text(r["provider_batch_id"] or ""),
+            cell(r["state"]),
+            cell(r["provider_batch_id"]),
             *(str(r[k]) for k in ("requests", "succeeded", "errored", "expired", "canceled")),
             str(r["submitted_at"] or ""),
             str(r["ended_at"] or ""),

@@ -28,6 +28,7 @@ from pgqueue.cli import (
     finite_in_range,
     int_in_range,
 )
+from pgqueue.display import cell, printable_data
 
 jobs_app = typer.Typer(help="Find jobs (`jobs list`) and look at one (`jobs show ID`).")
 app.add_typer(jobs_app, name="jobs")
@@ -78,16 +79,16 @@ def jobs_list(
         table.add_column(col, justify="right" if col in ("id", "attempts") else "left")
     table.add_column("last error", overflow="fold", max_width=48)
     for r in rows:
-        table.add_row(  # Text: stored strings are never read as rich markup
+        table.add_row(  # cells: stored strings, never rich markup nor control characters
             str(r["id"]),
-            Text(r["tenant_id"]),
-            r["tier"],
-            r["state"],
-            Text(r["lane"]),
+            cell(r["tenant_id"]),
+            cell(r["tier"]),
+            cell(r["state"]),
+            cell(r["lane"]),
             f"{r['attempts']}/{r['max_attempts']}",
             _when(r["enqueued_at"]),
             _when(r["finished_at"]),
-            Text(r["last_error"] or ""),
+            cell(r["last_error"]),
         )
     console.print(table)
     if len(rows) == limit:
@@ -127,19 +128,19 @@ def jobs_show(
         ("tokens used", f"{job['input_tokens'] or 0} in, {job['output_tokens'] or 0} out"),
         ("last error", job["last_error"] or "-"),
     ):
-        facts.add_row(label, Text(str(value)))
+        facts.add_row(label, cell(value))
     console.print(Text(f"Job {job_id}", style="bold"))
     console.print(facts)
     timeline = Table(title="Timeline")
     for col in ("at", "event", "detail"):
         timeline.add_column(col)
     for e in job["timeline"]:
-        timeline.add_row(_when(e["at"]), Text(e["event"]), Text(e["detail"]))
+        timeline.add_row(_when(e["at"]), cell(e["event"]), cell(e["detail"]))
     console.print(timeline)
     console.print(Text("Payload", style="bold"))
-    console.print(JSON.from_data(job["payload"], default=str))
+    console.print(JSON.from_data(printable_data(job["payload"]), default=str))
     console.print(Text("Result", style="bold"))
-    console.print(JSON.from_data(job["result"], default=str))
+    console.print(JSON.from_data(printable_data(job["result"]), default=str))
 
 
 @app.command()

@@ -14,9 +14,9 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
-from rich.text import Text
 
 from pgqueue.cli import _settings, cli_errors, console, embedded_app
+from pgqueue.display import cell
 
 DataDirOption = Annotated[
     Path | None,
@@ -56,7 +56,7 @@ def embedded_status(
         table.add_column(column)
     for s in servers:
         state = "running" if s.running else "stopped"
-        table.add_row(Text(str(s.data_dir)), state, str(s.pid or ""), Text(s.dsn or ""))
+        table.add_row(cell(s.data_dir), state, str(s.pid or ""), cell(s.dsn))
     console.print(table)
 
 
@@ -72,4 +72,4 @@ def embedded_stop(data_dir: DataDirOption = None) -> None:
 
     for folder in _folders(data_dir):
         stopped = stop(folder)
-        console.print(Text(f"{folder}: {'stopped' if stopped else 'not running'}"))
+        console.print(cell(f"{folder}: {'stopped' if stopped else 'not running'}"))

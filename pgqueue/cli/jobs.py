@@ -103,10 +103,12 @@ def _read_payload(payload: str, max_payload_bytes: int) -> Any:
 
 
 class _StderrLines(logging.Handler):
-    """Each record's message as one plain line on stderr."""
+    """Each record's message as one plain line on stderr, control characters escaped."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        err_console.print(record.getMessage(), markup=False, highlight=False)
+        from pgqueue.display import printable
+
+        err_console.print(printable(record.getMessage()), markup=False, highlight=False)
 
 
 @contextmanager

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
-from rich.text import Text
 
 from pgqueue.cli import (
     _INT64_MAX,
@@ -30,6 +29,7 @@ from pgqueue.cli import (
     finite_in_range,
     int_in_range,
 )
+from pgqueue.display import cell
 from pgqueue.worker.shutdown import work_until_stopped
 
 if TYPE_CHECKING:
@@ -103,6 +103,7 @@ def work(
     # the worker's INFO lines are its life cycle (a stop, the end of an outage): shown without -v
     logging.getLogger("pgqueue.worker").setLevel(logging.INFO)
     worker = Worker(target, settings, registry, concurrency=concurrency, burst=burst, listen=listen)
+    worker.check_schema()  # a schema behind: one error line, not "started" first (a tester)
     wake = "LISTEN/NOTIFY" if listen else "polling only"
     err_console.print(
         f"worker {worker.worker_id} started: {worker.concurrency} slots, {wake} (poll every "
@@ -346,7 +347,7 @@ def replay(
         table.add_column(col, justify="left" if col == "tenant" else "right")
     for tenant_id, row in sorted(summary.get("tenants", {}).items()):
         table.add_row(
-            Text(tenant_id),
+            cell(tenant_id),
             str(row.get("jobs", "")),
             f"{row.get('input_tokens', 0):,}",
             f"{row.get('output_tokens', 0):,}",

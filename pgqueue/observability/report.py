@@ -2,9 +2,10 @@
 
 Collectors return plain dicts (JSON-ready); renderers turn them into rich tables. Latencies are
 enqueue-to-finish, in seconds, from the database clock. Every string from the database (tenant
-ids, tiers, reasons) goes into a table as :class:`~rich.text.Text`, never as a str, which rich
-reads as markup: a tenant named ``[/oops]`` raised MarkupError, ``[bold]x[/bold]`` showed as
-a bold "x" (found by a tester).
+ids, tiers, reasons) goes into a table as a :func:`pgqueue.display.cell`, never as a str,
+which rich reads as markup: a tenant named ``[/oops]`` raised MarkupError, ``[bold]x[/bold]``
+showed as a bold "x" (found by a tester); its control characters are escaped (an ESC in a
+tenant id coloured the rest of the screen).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from typing import Any
 import psycopg
 from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 
 from pgqueue.batches.outcomes import cost_saved_usd
 from pgqueue.db import queries
+from pgqueue.display import cell, printable
 from pgqueue.models import Tier
 from pgqueue.settings import Settings
 
@@ -129,7 +130,7 @@ def render_run_report(report: dict[str, Any], console: Console, title: str = "Ru
         tiers.add_column(col, justify="right" if col != "tier" else "left")
     for r in report["tiers"]:
         tiers.add_row(
-            Text(r["tier"]),
+            cell(r["tier"]),
             str(r["jobs"]),
             str(r["succeeded"]),
             str(r["failed"]),
@@ -142,7 +143,7 @@ def render_run_report(report: dict[str, Any], console: Console, title: str = "Ru
         tenants.add_column(col, justify="right" if col != "tenant" else "left")
     for r in sorted(report["tenants"], key=lambda r: r["tenant_id"]):
         tenants.add_row(
-            Text(r["tenant_id"]),
+            cell(r["tenant_id"]),
             str(r["succeeded"]),
             str(r["failed"]),
             f"{r['input_tokens']:,}",
@@ -203,7 +204,7 @@ def _render_latency(status: dict[str, Any], console: Console) -> None:
             r["meets_slo"], "[dim]no data[/dim]"
         )
         table.add_row(
-            Text(tier),
+            cell(tier),
             str(r["finished"]),
             _fmt_seconds(r["p50_seconds"]),
             _fmt_seconds(r["p95_seconds"]),
@@ -235,7 +236,7 @@ def _render_demotions(status: dict[str, Any], console: Console) -> None:
     for col in ("tenant", "reason", "expires in s"):
         table.add_column(col)
     for r in status["demotions"]:
-        table.add_row(Text(r["tenant_id"]), Text(r["reason"]), f"{r['expires_in_seconds']:.0f}")
+        table.add_row(cell(r["tenant_id"]), cell(r["reason"]), f"{r['expires_in_seconds']:.0f}")
     console.print(table)
 
 
@@ -246,7 +247,7 @@ def render_status(status: dict[str, Any], console: Console) -> None:
         depth.add_column(col, justify="right" if col != "tier" else "left")
     for tier, counts in status["depth"].items():
         depth.add_row(
-            Text(tier),
+            cell(tier),
             str(counts.get("queued", 0)),
             str(counts.get("running", 0)),
             _fmt_seconds(status["oldest_queued_seconds"].get(tier)),
@@ -258,7 +259,7 @@ def render_status(status: dict[str, Any], console: Console) -> None:
         tenants.add_column(col, justify="right" if col != "tenant" else "left")
     for r in status["top_tenants"]:
         tenants.add_row(
-            Text(r["tenant_id"]),
+            cell(r["tenant_id"]),
             str(r["queued"]),
             str(r["running"]),
             str(r["succeeded"]),
@@ -269,8 +270,8 @@ def render_status(status: dict[str, Any], console: Console) -> None:
     _render_demotions(status, console)
     throttled = status["throttles_last_minute"]
     total = sum(throttled.values())
-    by_tenant = ", ".join(f"{tenant} {n}" for tenant, n in sorted(throttled.items()))
-    console.print(  # markup=False: tenant ids are shown as they are
+    by_tenant = ", ".join(f"{printable(tenant)} {n}" for tenant, n in sorted(throttled.items()))
+    console.print(  # markup=False: tenant ids are shown as they are (controls escaped)
         f"429/529 in the last minute: {total}" + (f" ({by_tenant})" if by_tenant else ""),
         markup=False,
     )
@@ -291,7 +292,7 @@ def render_status(status: dict[str, Any], console: Console) -> None:
         table.add_column("cost saved $", justify="right")
         for r in lane["tenants"]:
             table.add_row(
-                Text(r["tenant_id"]),
+                cell(r["tenant_id"]),
                 f"{r['requests']:,}",
                 f"{r['pending']:,}",
                 f"{r['succeeded']:,}",

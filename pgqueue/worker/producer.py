@@ -43,6 +43,9 @@ log = logging.getLogger("pgqueue.worker")
 
 #: How often a worker checks every ``pgqueue.*`` setting (seconds; and when it starts).
 SETTINGS_CHECK_SECONDS = 30.0
+#: An idle burst worker waits this long past the end of another worker's lease, so that the
+#: rescue it runs next finds the lease expired.
+LEASE_END_MARGIN_SECONDS = 0.05
 
 
 @contextlib.contextmanager
@@ -76,6 +79,8 @@ class Producer(JobRuns):
     _settings_checked: float | None = None
     # whether a claim statement is under way (its jobs go back to the queue after a stop)
     _claiming: bool = False
+    # monotonic time an idle burst worker began to wait for other workers' leases (None: not yet)
+    _lease_wait_started: float | None = None
 
     async def _produce(self) -> None:
         """Claim until stopped (or, in burst mode, until nothing is left to run).
@@ -171,9 +176,11 @@ class Producer(JobRuns):
                 due = await self._next_due()
                 if due is not None and due <= self.settings.burst_horizon_seconds:
                     return True
-                await self._say_what_is_left()
-                log.info("burst: nothing left to run; exiting")
-                return False
+                due = await self._lease_wait()
+                if due is None:
+                    await self._say_what_is_left()
+                    log.info("burst: nothing left to run; exiting")
+                    return False
             if due is not None:
                 timeout = min(timeout, max(due, 0.01))
         with contextlib.suppress(TimeoutError):
@@ -303,6 +310,42 @@ class Producer(JobRuns):
             return False  # the burst worker waits for them, as before
         self._cannot_run.update(str(r["kind"]) for r in rows)
         return bool(rows)
+
+    async def _lease_wait(self) -> float | None:
+        """For an idle burst worker with nothing queued within the horizon: seconds to wait for
+        the earliest lease of another worker's running job to end (then the rescue puts the job
+        back, and this worker runs it), or None to exit. Found by a tester: `work --burst` right
+        after a worker was killed said "nothing left to run" while that worker's jobs were
+        still ``running`` under leases that ended 8 s later. A lease ending within
+        ``burst_horizon_seconds`` is waited for, as a job due then; a live worker's heartbeat
+        moves its leases on, so the waits for leases take at most that horizon in all, from
+        the first. On exit, the jobs left under other leases are said (INFO); none when the
+        database cannot say."""
+        assert self._pool is not None
+        params = {"worker_id": self.worker_id, "skip_kinds": sorted(self._cannot_run)}
+        try:
+            async with self._pool.connection(timeout=PRODUCER_RETRY_SECONDS) as conn:
+                row = await queries.arun(conn, "job_leases_elsewhere", params)
+        except (psycopg.Error, PoolTimeout):
+            return None
+        if row is None or row["seconds"] is None:
+            return None
+        seconds = float(row["seconds"])
+        horizon = self.settings.burst_horizon_seconds
+        now = time.monotonic()
+        started = self._lease_wait_started
+        if seconds <= horizon and (started is None or now - started < horizon):
+            if started is None:
+                self._lease_wait_started = now
+            # just past the end: the rescue at the next round finds the lease expired
+            return max(seconds, 0.0) + LEASE_END_MARGIN_SECONDS
+        log.info(
+            "burst: left %d job(s) running under other workers' leases, the earliest ending in "
+            "%.0f s; they come back to the queue if their worker is gone",
+            row["jobs"],
+            max(seconds, 0.0),
+        )
+        return None
 
     async def _say_what_is_left(self) -> None:
         """At a burst exit, one warning per reason for the queued jobs of kinds this worker

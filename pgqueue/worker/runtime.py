@@ -77,7 +77,9 @@ class Worker(Producer):
         settings: tunables (lease, heartbeat, poll interval, grace period, retry policy).
         registry: handlers by kind; the built-ins are added under it.
         concurrency: jobs in flight at once (default ``settings.concurrency``).
-        burst: exit when nothing is queued within ``settings.burst_horizon_seconds``.
+        burst: exit when nothing is queued within ``settings.burst_horizon_seconds``, nor
+            running under another worker's lease that ends within it (waited for at most
+            that horizon in all).
         listen: use LISTEN/NOTIFY (off → poll only, e.g. behind PgBouncer in transaction mode).
 
     Raises (from :meth:`run`):
@@ -209,7 +211,7 @@ class Worker(Producer):
                     loop.remove_signal_handler(sig)
 
     async def _run(self) -> WorkerStats:
-        await asyncio.to_thread(self._check_schema)
+        await asyncio.to_thread(self.check_schema)
         self._cannot_run |= await prepare_for_worker(self.registry.get(ANTHROPIC_KIND))
         if self._stopping:  # asked to stop while starting: nothing was claimed
             return self.stats
@@ -301,7 +303,10 @@ class Worker(Producer):
             )
         return self.stats
 
-    def _check_schema(self) -> None:
+    def check_schema(self) -> None:
+        """Raise :class:`~pgqueue.errors.SchemaOutOfDate` unless the database's schema is at
+        this version's head (:meth:`run` checks first; `pgqueue work` also checks before it says
+        the worker started: found by a tester, it said "started", then failed)."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             check_schema(conn)
 

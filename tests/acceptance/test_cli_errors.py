@@ -4,6 +4,7 @@ never a traceback; and nothing stored changes."""
 from __future__ import annotations
 
 import inspect
+import re
 import socket
 
 import psycopg
@@ -827,6 +828,78 @@ def test_stored_names_are_shown_as_they_are(db_dsn, monkeypatch):
         if command[0] == "status":
             assert "[red]over budget[/x]" in result.stdout, command
             assert "([bold]x[/bold] 1)" in result.stdout, command
+
+
+#: Any control character (C0, DEL, C1) but the line break that ends a line.
+_RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def test_stored_control_characters_are_shown_escaped(db_dsn, monkeypatch):
+    """Found by a tester: tenant ids `esc\\e[31mRED\\e[0m` and `\\e]0;pwned\\a` were taken,
+    and `status`, `jobs list` and `tenants list` sent the escape sequences to the terminal (rich
+    escapes its markup, not control characters); `a\\nb` showed as two rows. New ids are refused
+    now; rows stored before (simulated: the rule switched off while they are written), and the
+    other stored texts (model, kind, last error, reason, payload), are shown with each control
+    character as <U+XXXX>, in every table and line."""
+    import time
+
+    import pgqueue.batch
+    import pgqueue.validation
+    from pgqueue.cli import console
+
+    for module in (pgqueue.validation, pgqueue.batch):
+        monkeypatch.setattr(module, "has_control", lambda _text: False)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:  # as before revision 0071
+        conn.execute("CREATE OR REPLACE FUNCTION pgqueue.has_control(t text) RETURNS boolean"
+                     " LANGUAGE sql AS $$ SELECT false $$")  # fmt: skip
+    esc, osc, two = "esc\x1b[31mRED\x1b[0m", "\x1b]0;pwned\x07x", "a\nb"
+    for tenant in (esc, osc, two):
+        assert run("tenants", "set", tenant, "--dsn", db_dsn).exit_code == 0
+        result = run("enqueue", tenant, "--kind", "k\x1b[2J", "--payload", '{"x": "\x9b2J"}',
+                     "--dsn", db_dsn)  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+    assert run("limits", "set", "m\x1b[2J", "--dsn", db_dsn).exit_code == 0
+    with psycopg.connect(db_dsn) as conn:
+        conn.execute("UPDATE pgqueue.jobs SET last_error = %s", ("boom\x1b]0;t\x07\x85",))
+        conn.execute(
+            "INSERT INTO pgqueue.demotions (tenant_id, reason, expires_at)"
+            " VALUES (%s, %s, now() + interval '1 hour')",
+            (esc, "over\x1b[5m budget"),
+        )
+        conn.execute(
+            "INSERT INTO pgqueue.throttle_events (tenant_id, status_code) VALUES (%s, 429)",
+            (two,),
+        )
+        job_id = conn.execute("SELECT max(id) FROM pgqueue.jobs").fetchone()[0]
+    monkeypatch.setattr(console, "width", 300)  # no cell cut short
+
+    def interrupt(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(time, "sleep", interrupt)  # `status --watch`: one frame, then Ctrl-C
+    for command in (
+        ["status"],
+        ["status", "--watch", "1"],
+        ["tenants", "list"],
+        ["limits", "list"],
+        ["jobs", "list"],
+        ["jobs", "show", str(job_id)],
+        ["batches", "list"],
+    ):
+        result = run(*command, "--dsn", db_dsn)
+        assert result.exit_code == 0, (command, result.stderr)
+        raw = _RAW_CONTROL.search(result.stdout + result.stderr)
+        assert raw is None, (command, raw, result.stdout)
+        if command[0] in ("status", "tenants") or command[:2] == ["jobs", "list"]:
+            assert "esc<U+001B>[31mRED<U+001B>[0m" in result.stdout, (command, result.stdout)
+        if command[0] == "tenants":
+            assert "a<U+000A>b" in result.stdout and "<U+001B>]0;pwned<U+0007>x" in result.stdout
+    # an error line quoting the id as the database wrote it (PQ007: quote_literal, raw)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE {conn.info.dbname} SET pgqueue.require_known_tenant = on")
+    result = run("enqueue", "x\x1b[2Jy", "--prompt", "hi", "--dsn", db_dsn)
+    assert result.exit_code == 2 and "x<U+001B>[2Jy" in result.stderr, result.stderr
+    assert _RAW_CONTROL.search(result.stdout + result.stderr) is None, result.stderr
 
 
 def test_arguments_that_are_not_utf8_are_one_line(monkeypatch):

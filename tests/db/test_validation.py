@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from typing import Any
 
 import psycopg
@@ -223,12 +224,13 @@ def test_a_tenant_id_that_shows_nothing_is_refused_alike_by_python_and_sql(conn)
     ).fetchall()
     assert {c for (c, invisible, _) in rows if invisible} == refused
     assert {c for (c, _, not_valid) in rows if not_valid} == refused
+    # after a visible character, only a control character is refused (the next test)
     mixed = conn.execute(
-        "SELECT count(*) FROM generate_series(1, 1114111) AS c WHERE c NOT BETWEEN 55296 AND"
-        " 57343 AND NOT pgqueue.job_is_valid('a' || chr(c), 'scheduled', '{}', NULL, 'custom',"
-        " NULL, 1048576)"
+        "SELECT array_agg(c ORDER BY c) FROM generate_series(1, 1114111) AS c WHERE c NOT"
+        " BETWEEN 55296 AND 57343 AND NOT pgqueue.job_is_valid('a' || chr(c), 'scheduled', '{}',"
+        " NULL, 'custom', NULL, 1048576)"
     ).fetchone()[0]
-    assert mixed == 0
+    assert mixed == [c for c in range(1, 0x110000) if unicodedata.category(chr(c)) == "Cc"]
     for tenant in ("\u200b", "\ufeff\u2060", "\x01", "\U000e0041", " \u200b", "\u2800", "\u3164"):
         with pytest.raises(psycopg.Error) as info:
             conn.execute("SELECT pgqueue.enqueue(%s, 'scheduled', %s)", (tenant, Jsonb(GOOD)))
@@ -240,9 +242,40 @@ def test_a_tenant_id_that_shows_nothing_is_refused_alike_by_python_and_sql(conn)
     assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone()[0] == 0
 
 
+def test_a_tenant_id_with_a_control_character_is_refused_alike_by_python_and_sql(conn):
+    """Found by a tester: tenant ids holding ESC and OSC sequences, or a line break, were
+    taken, and the command line's tables sent them to the terminal. Every code point (but
+    U+0000 and surrogates) between two visible ones: pgqueue.has_control holds exactly those
+    Python's has_control holds (category Cc), job_is_valid refuses exactly those, and
+    validate_job raises PQ006 as enqueue_many does in Python, for a few; nothing is stored."""
+    from pgqueue.validation import has_control
+
+    rows = conn.execute(
+        "SELECT c, pgqueue.has_control('a' || chr(c) || 'b'),"
+        " NOT pgqueue.job_is_valid('a' || chr(c) || 'b', 'scheduled', '{}', NULL, 'custom',"
+        " NULL, 1048576)"
+        " FROM generate_series(1, 1114111) AS c WHERE c NOT BETWEEN 55296 AND 57343"
+    ).fetchall()
+    expected = {c for c in range(1, 0x110000) if has_control(f"a{chr(c)}b")}
+    assert expected == {c for c in range(1, 0x110000) if unicodedata.category(chr(c)) == "Cc"}
+    assert {c for (c, control, _) in rows if control} == expected
+    assert {c for (c, _, not_valid) in rows if not_valid} == expected
+    for tenant in ("esc\x1b[31mRED\x1b[0m", "\x1b]0;pwned\x07", "a\nb", "a\x9b", "a\x7f"):
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute("SELECT pgqueue.enqueue(%s, 'scheduled', %s)", (tenant, Jsonb(GOOD)))
+        assert info.value.sqlstate == "PQ006", tenant
+        conn.rollback()
+        with pytest.raises(errors.InvalidTenant, match="control character"):
+            pgqueue.enqueue_many(conn, [pgqueue.JobSpec(tenant, "scheduled", GOOD)])
+        conn.rollback()
+    assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone()[0] == 0
+
+
 @pytest.mark.parametrize(
     ("tenant", "shown"),
     [
+        ("esc\x1b[31mRED\x1b[0m", "'esc<U+001B>[31mRED<U+001B>[0m'"),
+        ("a\nb", "'a<U+000A>b'"),
         ("\u200b", "'<U+200B>'"),
         ("  ", "'  '"),
         ("\t\u3000", "'<U+0009><U+3000>'"),
@@ -254,7 +287,8 @@ def test_a_tenant_id_that_shows_nothing_is_refused_alike_by_python_and_sql(conn)
 def test_a_refused_invisible_tenant_id_is_shown_escaped(conn, tenant, shown):
     """validate_job's PQ006 message printed a tenant id of U+200B as '', and Python's repr
     printed U+3164 or U+2800 blank. Both show each invisible character (but the space) as
-    <U+XXXX>, the first 40 characters of a longer id then "…", and raise the same message."""
+    <U+XXXX>, the first 40 characters of a longer id then "…", and raise the same message;
+    so for an id with a control character (ESC, a line break) among visible ones."""
     with pytest.raises(errors.InvalidTenant) as python:
         check_tenant_id(tenant)
     with pytest.raises(psycopg.Error) as sql:
@@ -267,12 +301,14 @@ def test_a_refused_invisible_tenant_id_is_shown_escaped(conn, tenant, shown):
 
 
 def test_is_invisible_is_inlined_into_its_callers(conn):
-    """pgqueue.is_invisible costs no function call: Postgres inlines it (LANGUAGE sql, one
+    """pgqueue.is_invisible and pgqueue.has_control cost no function call: Postgres inlines
+    them (LANGUAGE sql, one
     expression, IMMUTABLE), alone and inside job_is_valid, which the batch enqueue runs for
     every job; the plan shows the regular expression match, not the function. PL/pgSQL, SET
     or SECURITY DEFINER would turn that off."""
     for call in (
         "pgqueue.is_invisible(t.tenant_id)",
+        "pgqueue.has_control(t.tenant_id)",
         "pgqueue.job_is_valid(t.tenant_id, 'scheduled', '{}', NULL, 'custom', NULL, 1048576)",
     ):
         plan = "\n".join(
@@ -281,7 +317,7 @@ def test_is_invisible_is_inlined_into_its_callers(conn):
                 f"EXPLAIN (VERBOSE) SELECT {call} FROM pgqueue.tenants t"
             ).fetchall()
         )
-        assert "is_invisible" not in plan and "~" in plan, plan
+        assert "is_invisible" not in plan and "has_control" not in plan and "~" in plan, plan
 
 
 def test_empty_text_content_is_refused_alike_by_python_and_sql(conn):
@@ -737,7 +773,32 @@ def test_the_tenants_table_refuses_an_id_that_shows_nothing(conn, write, tenant)
         conn.execute(write, (tenant,))
     conn.rollback()
     assert conn.execute("SELECT count(*) FROM pgqueue.tenants").fetchone() == before
+    if tenant == "\t":  # a control character: refused anywhere (the next test)
+        return
     conn.execute(write, ("a" + tenant,))
     assert conn.execute(
         "SELECT count(*) FROM pgqueue.tenants WHERE tenant_id = %s", ("a" + tenant,)
     ).fetchone() == (1,)
+
+
+@pytest.mark.parametrize("tenant", ["esc\x1b[31mRED\x1b[0m", "\x1b]0;pwned\x07", "a\nb", "a\x9b"])
+@pytest.mark.parametrize(
+    "write",
+    [
+        "SELECT pgqueue.tenant_set(%s, 'pro', NULL, NULL)",
+        "SELECT pgqueue.ensure_tenant(%s)",
+        "INSERT INTO pgqueue.tenants (tenant_id) VALUES (%s)",
+    ],
+)
+def test_the_tenants_table_refuses_an_id_with_a_control_character(conn, write, tenant):
+    """Found by a tester: tenant ids with ESC or OSC sequences, or a line break, reached the
+    terminal. The table's CHECK tenants_tenant_id_without_control refuses them from any writer
+    (23514), and nothing is stored; a row stored before the CHECK (NOT VALID) stays."""
+    before = conn.execute("SELECT count(*) FROM pgqueue.tenants").fetchone()
+    with pytest.raises(psycopg.errors.CheckViolation, match="tenants_tenant_id_without_control"):
+        conn.execute(write, (tenant,))
+    conn.rollback()
+    assert conn.execute("SELECT count(*) FROM pgqueue.tenants").fetchone() == before
+    assert conn.execute(
+        "SELECT convalidated FROM pg_constraint WHERE conname = 'tenants_tenant_id_without_control'"
+    ).fetchone() == (False,)

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import typer
 
 from pgqueue import Registry
 from pgqueue.errors import Defer, Discard, InvalidArgument, RateLimited, RetryLater
@@ -116,6 +117,24 @@ def test_settings_refuse_a_timeout_that_outlives_the_lease():
         Settings(lease_seconds=30, provider_timeout_seconds=30)
     with pytest.raises(ValueError, match="heartbeat"):
         Settings(lease_seconds=30, provider_timeout_seconds=10, heartbeat_seconds=30)
+
+
+def test_settings_refuse_a_heartbeat_over_half_the_lease(monkeypatch):
+    """Found by a tester: PGQUEUE_HEARTBEAT_SECONDS=119 with a 120 s lease was taken, so one
+    failed heartbeat let the lease expire under a running job. A heartbeat must leave room for
+    a second try: at most half the lease, refused at start-up with the settings' typed error
+    (the CLI prints it as "invalid settings", exit 2)."""
+    import pydantic
+
+    from pgqueue.cli import _settings
+
+    with pytest.raises(pydantic.ValidationError, match="at most half of lease_seconds"):
+        Settings(lease_seconds=120, heartbeat_seconds=119)
+    assert Settings(lease_seconds=120, heartbeat_seconds=60).heartbeat_seconds == 60
+    monkeypatch.setenv("PGQUEUE_HEARTBEAT_SECONDS", "119")
+    with pytest.raises(typer.Exit) as info:
+        _settings()
+    assert info.value.exit_code == 2
 
 
 def _set(exc: Exception, **attributes: object) -> Exception:

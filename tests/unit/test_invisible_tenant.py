@@ -14,7 +14,14 @@ import pytest
 
 import pgqueue
 from pgqueue.errors import InvalidTenant
-from pgqueue.validation import INVISIBLE_CLASS, check_job, check_tenant_id, is_invisible
+from pgqueue.validation import (
+    CONTROL_CLASS,
+    INVISIBLE_CLASS,
+    check_job,
+    check_tenant_id,
+    has_control,
+    is_invisible,
+)
 
 GOOD = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 SCHEMA = Path(pgqueue.__file__).parent / "sql" / "schema" / "030_validation.sql"
@@ -41,6 +48,25 @@ def test_a_tenant_id_that_shows_nothing_is_refused(tenant):
                                                        payload=GOOD)):  # fmt: skip
         with pytest.raises(InvalidTenant, match="tenant_id must hold a"):
             check(tenant)
+
+
+@pytest.mark.parametrize(
+    ("tenant", "shown"),
+    [("esc\x1b[31mRED\x1b[0m", "'esc<U+001B>[31mRED<U+001B>[0m'"),
+     ("\x1b]0;pwned\x07", "'<U+001B>]0;pwned<U+0007>'"), ("a\nb", "'a<U+000A>b'"),
+     ("a\tb", "'a<U+0009>b'"), ("x\x7f", "'x<U+007F>'"), ("\x9b31m", "'<U+009B>31m'"),
+     ("a\x85", "'a<U+0085>'")],
+)  # fmt: skip
+def test_a_tenant_id_with_a_control_character_is_refused(tenant, shown):
+    """Found by a tester: `pgqueue enqueue $'esc\\e[31mRED\\e[0m'` and an OSC title sequence
+    were taken, and the command line's tables sent them to the terminal; 'a\\nb' showed as two
+    rows. A control character (Cc: C0, DEL, C1) anywhere is refused, shown escaped."""
+    assert has_control(tenant)
+    for check in (check_tenant_id, lambda t: check_job(tenant_id=t, origin="scheduled",
+                                                       payload=GOOD)):  # fmt: skip
+        with pytest.raises(InvalidTenant, match="must not hold a control character") as info:
+            check(tenant)
+        assert str(info.value).endswith(f", got {shown}")
 
 
 @pytest.mark.parametrize("tenant", ["a\u200b", "\u200ba", "\u00e9", "\U0001f600", "\u0301", "-"])
@@ -89,6 +115,24 @@ def test_the_sql_side_holds_the_class_once():
     assert joined == f"^[{INVISIBLE_CLASS}]+$"
     text = SCHEMA.read_text() + (SCHEMA.parent / "010_tables.sql").read_text()
     assert text.count("pgqueue.is_invisible(tenant_id)") == 3
+    assert text.count("pgqueue.has_control(tenant_id)") == 3
+
+
+def test_the_control_class_is_category_cc_and_sql_holds_it_once():
+    """CONTROL_CLASS is exactly Unicode's category Cc but U+0000 (NulCharacter's), and
+    pgqueue.has_control (010_tables.sql) writes the same text, in no other schema file; the
+    CHECK tenants_tenant_id_without_control, validate_job and job_is_valid call it (counted
+    above)."""
+    one = re.compile(f"[{CONTROL_CLASS}]")
+    found = {c for c in range(sys.maxunicode + 1) if one.fullmatch(chr(c))}
+    assert found == {c for c in range(1, 0x110000) if unicodedata.category(chr(c)) == "Cc"}
+    assert all(is_invisible(chr(c)) for c in found)  # shown_invisible escapes them
+    copies = [
+        (path.name, literal)
+        for path in sorted(SCHEMA.parent.glob("*.sql"))
+        for literal in re.findall(r"~ '(\[\\u0001-[^']*\])'", path.read_text())
+    ]
+    assert copies == [("010_tables.sql", f"[{CONTROL_CLASS}]")]
 
 
 def test_is_invisible():

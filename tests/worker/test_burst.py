@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import psycopg
 import pytest
@@ -39,6 +40,72 @@ async def test_a_burst_worker_runs_jobs_whose_lease_expired_before_exiting(db_ds
         assert conn.execute(
             "SELECT state::text, count(*) FROM pgqueue.jobs GROUP BY 1"
         ).fetchall() == [("succeeded", 4)]
+
+
+@pytest.mark.timeout(120)
+async def test_a_burst_worker_waits_for_the_leases_of_a_dead_worker(db_dsn: str) -> None:
+    """Found by a tester: with a 10 s lease, `work --burst` started right after a worker was
+    SIGKILLed said "nothing left to run; exiting" while the dead worker's jobs were still
+    running under leases that ended 8 s later, inside the burst horizon. A lease ending within
+    the horizon counts as a job due then: the burst worker waits, rescues and runs them."""
+    with psycopg.connect(db_dsn) as conn:
+        pgqueue.enqueue_many(
+            conn, [JobSpec("t", "scheduled", {"n": i}, kind="pgqueue.noop") for i in range(4)]
+        )
+        conn.execute(  # a worker claimed them and died: leases end in 2 s
+            "UPDATE pgqueue.jobs SET state = 'running', attempts = 1, worker_id = 'dead',"
+            " lease_token = gen_random_uuid(), lease_expires_at = now() + interval '2 seconds'"
+        )
+        conn.commit()
+    settings = Settings(poll_interval_seconds=0.2, rescue_interval_seconds=3600)
+    worker = Worker(db_dsn, settings, concurrency=4, burst=True)
+    worker._leases.rescue_loop = _never  # type: ignore[method-assign]
+    started = time.monotonic()
+    stats = await worker.run(install_signal_handlers=False)
+
+    assert stats.rescued == 4 and stats.outcomes["succeeded"] == 4
+    assert 1.5 < time.monotonic() - started < 30
+    with psycopg.connect(db_dsn) as conn:
+        assert conn.execute(
+            "SELECT state::text, count(*) FROM pgqueue.jobs GROUP BY 1"
+        ).fetchall() == [("succeeded", 4)]
+
+
+@pytest.mark.timeout(120)
+async def test_a_burst_worker_waits_for_a_live_workers_leases_at_most_the_horizon(
+    db_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A live worker's heartbeat moves its leases on, so they always end within the horizon:
+    the burst worker waits for them at most the horizon in all, then exits and says how many
+    jobs run on under other leases."""
+    caplog.set_level(logging.INFO, logger="pgqueue.worker")
+    with psycopg.connect(db_dsn) as conn:
+        pgqueue.enqueue_many(conn, [JobSpec("t", "scheduled", {}, kind="pgqueue.noop")])
+        conn.execute(
+            "UPDATE pgqueue.jobs SET state = 'running', attempts = 1, worker_id = 'alive',"
+            " lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 second'"
+        )
+        conn.commit()
+
+    async def heartbeat() -> None:
+        async with await psycopg.AsyncConnection.connect(db_dsn, autocommit=True) as conn:
+            while True:
+                await conn.execute(
+                    "UPDATE pgqueue.jobs SET lease_expires_at = now() + interval '1 second'"
+                )
+                await asyncio.sleep(0.2)
+
+    beating = asyncio.create_task(heartbeat())
+    settings = Settings(poll_interval_seconds=0.2, burst_horizon_seconds=2)
+    worker = Worker(db_dsn, settings, concurrency=2, burst=True)
+    started = time.monotonic()
+    try:
+        stats = await worker.run(install_signal_handlers=False)
+    finally:
+        beating.cancel()
+    assert 1.8 < time.monotonic() - started < 20
+    assert stats.claimed == 0
+    assert "burst: left 1 job(s) running under other workers' leases" in caplog.text
 
 
 async def _never(_pool: object) -> None:

@@ -216,3 +216,15 @@ def test_work_app_is_found_in_the_current_directory_and_the_worker_says_it_start
     assert len(lines) == 1 and lines[0].startswith("worker "), done.stderr
     assert "started: 10 slots" in lines[0] and "burst" in lines[0]
     assert "succeeded 3" in done.stdout
+
+
+def test_a_worker_before_migrate_fails_without_saying_it_started(empty_db_dsn: str) -> None:
+    """Found by a tester: `pgqueue work` on a database without the schema printed "worker …
+    started: 10 slots…", then failed with SchemaOutOfDate. It checks the schema first: one
+    error line naming `pgqueue migrate`, exit 1, and no start-up line."""
+    from tests.apps.harness import run_cli
+
+    done = run_cli("work", "--burst", "--dsn", empty_db_dsn, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert "pgqueue migrate" in done.stderr
+    assert "started" not in done.stderr + done.stdout

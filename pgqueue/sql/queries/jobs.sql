@@ -231,6 +231,19 @@ SELECT extract(epoch FROM least(
             JOIN pgqueue.jobs j ON j.id = h.id
             WHERE h.kind <> ALL (%(skip_kinds)s::text[]))) - now())::double precision AS seconds
 
+-- name: job_leases_elsewhere :one
+-- The running jobs under leases other than `worker_id`'s (text), of kinds not in `skip_kinds`
+-- (text[]), and the seconds (database clock) until the earliest of those leases ends (NULL:
+-- none): a dead worker's jobs come back to the queue when their leases end, and an idle burst
+-- worker waits for that as for a job due then (found by a tester: it exited with them still
+-- running). A scan of jobs_running_lease_idx (the running jobs), only when a burst worker has
+-- nothing else to run.
+SELECT count(*) AS jobs,
+       extract(epoch FROM min(j.lease_expires_at) - now())::double precision AS seconds
+FROM pgqueue.jobs j
+WHERE j.state = 'running' AND j.worker_id IS DISTINCT FROM %(worker_id)s
+  AND j.kind <> ALL (%(skip_kinds)s::text[])
+
 -- name: job_queued_kinds :many
 -- Which of these kinds (text[]) still have queued jobs, and how many: what a burst worker that
 -- cannot run them leaves behind, said once at its exit. A scan of the queued jobs' index, at

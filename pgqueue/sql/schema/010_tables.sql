@@ -1,12 +1,12 @@
 -- pgqueue schema: types, tables, their constraints and indexes, and the rows the schema starts
--- with; and pgqueue.is_invisible, which a CHECK of pgqueue.tenants calls. Applied first (files
--- of pgqueue/sql/schema run in file-name order, in one transaction, by the baseline revision;
--- docs/schema.md). Column order is the order a database migrated by the old revision chain
+-- with; and pgqueue.is_invisible and pgqueue.has_control, which CHECKs of pgqueue.tenants
+-- call. Applied first (files of pgqueue/sql/schema run in file-name order, in one
+-- transaction, by the baseline revision; docs/schema.md). Column order is the order a database migrated by the old revision chain
 -- has, so that both are the same schema.
 --
 -- The queue's tables carry low autovacuum thresholds (reloptions below): claims and
 -- completions update them all the time, and an unvacuumed jobs table made claims 2.3x slower
--- (bench/bloat.py). Four CHECKs are NOT VALID: they were added to tables that already held
+-- (bench/bloat.py). Five CHECKs are NOT VALID: they were added to tables that already held
 -- rows, and are kept as such so that an upgraded and a fresh database are the same schema;
 -- Postgres enforces them on every row written either way.
 
@@ -96,6 +96,26 @@ $$;
 -- stored U+200B and '  ' by them). NOT VALID: rows stored before stay.
 ALTER TABLE pgqueue.tenants
     ADD CONSTRAINT tenants_tenant_id_visible CHECK (NOT pgqueue.is_invisible(tenant_id))
+    NOT VALID;
+
+-- Whether t holds a control character (category Cc: C0, DEL, C1; U+0000 cannot be in a text)
+-- anywhere: pgqueue/validation.py's CONTROL_CLASS, text for text. A tenant id holding one is
+-- refused (found by a tester: ESC and OSC sequences in tenant ids reached the terminal through
+-- `pgqueue status`, and 'a' || chr(10) || 'b' showed as two rows). The CHECK below,
+-- pgqueue.validate_job and pgqueue.job_is_valid call it; inlined as is_invisible is.
+CREATE OR REPLACE FUNCTION pgqueue.has_control(t text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT t ~ '[\u0001-\u001f\u007f-\u009f]'
+$$;
+
+-- A tenant id with a control character (pgqueue.has_control) is refused by every writer of
+-- the table, as one that shows nothing is. NOT VALID: rows stored before stay. Its name sorts
+-- after tenants_tenant_id_visible (Postgres checks in name order): a tab alone is refused as
+-- an id that shows nothing.
+ALTER TABLE pgqueue.tenants
+    ADD CONSTRAINT tenants_tenant_id_without_control CHECK (NOT pgqueue.has_control(tenant_id))
     NOT VALID;
 
 -- The jobs. tenant_id is part of every key so that the table can be distributed by tenant

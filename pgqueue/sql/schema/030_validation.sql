@@ -138,9 +138,10 @@ AS $$
     END
 $$;
 
--- A tenant id that shows nothing as validate_job's PQ006 messages show it: quoted, each
--- character pgqueue.is_invisible holds but the space written as <U+XXXX> (a refused U+200B
--- printed as ''), the first 40 characters of a longer one, then "…".
+-- A refused tenant id as validate_job's PQ006 messages show it: quoted, each character
+-- pgqueue.is_invisible holds (the control characters among them) but the space written as
+-- <U+XXXX> (a refused U+200B printed as '', an ESC reached the terminal), the first 40
+-- characters of a longer one, then "…".
 -- pgqueue.validation.shown_invisible writes the same, so Python and SQL raise one message.
 -- Runs only on the way to an error.
 CREATE OR REPLACE FUNCTION pgqueue.shown_invisible(t text)
@@ -185,6 +186,12 @@ BEGIN
         RAISE EXCEPTION 'tenant_id must hold a visible character, not only control or format '
             'characters (such as U+200B), got %', pgqueue.shown_invisible(tenant_id)
             USING ERRCODE = 'PQ006';
+    END IF;
+    -- A control character anywhere (pgqueue.has_control, 010_tables.sql).
+    IF pgqueue.has_control(tenant_id) THEN
+        RAISE EXCEPTION 'tenant_id must not hold a control character (U+0001-U+001F, '
+            'U+007F-U+009F, such as ESC or a line break), got %',
+            pgqueue.shown_invisible(tenant_id) USING ERRCODE = 'PQ006';
     END IF;
     IF origin IS NULL OR origin NOT IN ('user_action', 'scheduled', 'batch_job') THEN
         RAISE EXCEPTION 'unknown origin %; expected user_action, scheduled or batch_job',
@@ -259,8 +266,8 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT CASE
         WHEN tenant_id IS NULL OR tenant_id = '' OR char_length(tenant_id) > 128 THEN false
-        -- white space, or only characters that show nothing
-        WHEN pgqueue.is_invisible(tenant_id) THEN false
+        -- white space, or only characters that show nothing; or a control character
+        WHEN pgqueue.is_invisible(tenant_id) OR pgqueue.has_control(tenant_id) THEN false
         WHEN origin IS NULL OR origin NOT IN ('user_action', 'scheduled', 'batch_job') THEN false
         WHEN sla_seconds IS NOT NULL
              AND (sla_seconds < 0 OR sla_seconds = 'NaN'::float8
