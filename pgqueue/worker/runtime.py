@@ -55,6 +55,17 @@ log = logging.getLogger("pgqueue.worker")
 #: indexes until then; ``upkeep.analyze_jobs_if_stale``).
 ANALYZE_CHECK_SECONDS = 1.0
 
+#: Pooled connections a worker process keeps at most, whatever its concurrency: the producer's
+#: claims, the heartbeat and the batch flusher keep one each, and outcomes written one at a
+#: time (a failure, a retry, a success whose row another claim held) share the rest with the
+#: upkeep loops (``Completer``'s write slots: this less three). A pool of
+#: ``min(concurrency, 8) + 2`` grew to 10 whenever writes waited, and each new connection costs
+#: the server its first plans and function compiles (~100 M instructions, callgrind): two
+#: workers on one queue opened 20-22 and spent 15-25 % more Postgres CPU per job in a drain
+#: of 8,000-20,000 jobs (bench/cpu_per_job.py) than with at most 5 each. (The LISTEN
+#: connection is apart: notifier.py.)
+POOL_SIZE_MAX = 5
+
 
 def builtin_registry(settings: Settings) -> Registry:
     """The handlers every worker has: ``anthropic.messages`` and ``pgqueue.noop``."""
@@ -215,7 +226,7 @@ class Worker(Producer):
         self._cannot_run |= await prepare_for_worker(self.registry.get(ANTHROPIC_KIND))
         if self._stopping:  # asked to stop while starting: nothing was claimed
             return self.stats
-        pool_size = min(self.concurrency, 8) + 2
+        pool_size = min(self.concurrency + 3, POOL_SIZE_MAX)
         metrics.SLOTS.set(self.concurrency)
         # read when scraped: a set() at every claim and freed slot cost each job ~1 µs
         metrics.SLOTS_IN_USE.set_function(lambda: len(self._jobs.running))
