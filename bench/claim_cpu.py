@@ -91,19 +91,49 @@ def build(server: str, prefix: str, jobs: int, tenants: int) -> None:
             conn.execute("VACUUM ANALYZE")
 
 
-def drain_pgqueue(dsn: str, batch: int) -> dict[str, float]:
-    """Claim ``batch`` at a time and complete them until the queue is empty."""
+_PGQUEUE_LEFT = "SELECT EXISTS (SELECT FROM pgqueue.jobs j WHERE j.state = 'queued')"
+_PGQUEUER_LEFT = "SELECT EXISTS (SELECT FROM pgqueuer q WHERE q.status = 'queued')"
+
+
+def _queued(conn: psycopg.Connection[Any], query: str) -> bool:
+    row = conn.execute(query).fetchone()
+    return bool(row and row[0])
+
+
+async def _aqueued(conn: psycopg.AsyncConnection[Any], query: str) -> bool:
+    row = await (await conn.execute(query)).fetchone()
+    return bool(row and row[0])
+
+
+def drain_pgqueue(
+    dsn: str,
+    batch: int,
+    shared: bool = False,
+    warm: int = 0,
+    warm_sql: str | None = None,
+) -> dict[str, float]:
+    """Claim ``batch`` at a time and complete them until the queue is empty.
+
+    ``shared``: other drains take from the same queue at once, so an empty claim ends the
+    drain only when no job is left queued (else it claims again 10 ms later): a claim comes
+    back empty while another connection folds a lane, or holds the last jobs. ``warm``: after
+    that many claims that took jobs (and their completions), ``warm_sql`` runs on the
+    connection and the counts start again from zero (the session's first plans left out)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         pid = conn.info.backend_pid
         run(conn, "job_claim", {"limit": 0, **_CLAIM})  # plans and caches warm
         claim = complete = 0.0
-        done = 0
+        done = claims = 0
         started = time.perf_counter()
         while True:
             before = backend_cpu_seconds(pid)
             rows = run(conn, "job_claim", {"limit": batch, **_CLAIM})
             rows = [r for r in rows if r["id"] is not None]
+            claims += 1
             between = backend_cpu_seconds(pid)
+            if not rows and shared and _queued(conn, _PGQUEUE_LEFT):
+                time.sleep(0.01)
+                continue
             if not rows:
                 break
             batch_rows = (
@@ -113,6 +143,12 @@ def drain_pgqueue(dsn: str, batch: int) -> dict[str, float]:
             claim += between - before
             complete += backend_cpu_seconds(pid) - between
             done += len(rows)
+            warm -= 1
+            if warm == 0 and warm_sql is not None:
+                conn.execute(warm_sql)
+                claim = complete = 0.0
+                done = claims = 0
+                started = time.perf_counter()
         wall = time.perf_counter() - started
     return {
         "jobs": done,
@@ -121,11 +157,19 @@ def drain_pgqueue(dsn: str, batch: int) -> dict[str, float]:
         "complete": complete,
         "wall": wall,
         "pid": pid,
+        "claims": claims,
     }
 
 
-def drain_pgqueuer(dsn: str, batch: int) -> dict[str, float]:
-    """pgqueuer's dequeue of ``batch`` and log_jobs until the queue is empty."""
+def drain_pgqueuer(
+    dsn: str,
+    batch: int,
+    shared: bool = False,
+    warm: int = 0,
+    warm_sql: str | None = None,
+) -> dict[str, float]:
+    """pgqueuer's dequeue of ``batch`` and log_jobs until the queue is empty (``shared``,
+    ``warm``, ``warm_sql``: as in drain_pgqueue)."""
     from pgqueuer import Queries
     from pgqueuer.queries import EntrypointExecutionParameter
 
@@ -137,18 +181,28 @@ def drain_pgqueuer(dsn: str, batch: int) -> dict[str, float]:
             entrypoints = {"noop": EntrypointExecutionParameter(concurrency_limit=0)}
             manager = uuid.uuid4()
             before, started, done = backend_cpu_seconds(pid), time.perf_counter(), 0
+            claims = batches = 0
             while True:
                 jobs = await queries.dequeue(
                     batch, entrypoints, manager, None, timedelta(seconds=30)
                 )
+                claims += 1
+                if not jobs and shared and await _aqueued(aconn, _PGQUEUER_LEFT):
+                    await asyncio.sleep(0.01)
+                    continue
                 if not jobs:
                     break
                 await queries.log_jobs([(job, "successful", None) for job in jobs])
                 done += len(jobs)
+                batches += 1
+                if batches == warm and warm_sql is not None:
+                    await aconn.execute(warm_sql)
+                    before, started, done = backend_cpu_seconds(pid), time.perf_counter(), 0
+                    claims = 0
             cpu, wall = backend_cpu_seconds(pid) - before, time.perf_counter() - started
         finally:
             await aconn.close()
-        return {"jobs": done, "cpu": cpu, "wall": wall, "pid": pid}
+        return {"jobs": done, "cpu": cpu, "wall": wall, "pid": pid, "claims": claims}
 
     return asyncio.run(go())
 
