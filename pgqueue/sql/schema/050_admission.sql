@@ -113,6 +113,11 @@ CREATE TRIGGER admission_keep_rows_truncate
 -- each delta goes into a row of its key that no other transaction holds, or into a new row;
 -- in REPEATABLE READ or SERIALIZABLE every delta is a new row (updating a row another
 -- transaction changed after our snapshot would raise a serialization failure there).
+-- enable_seqscan off (revision 0072): the generic plans read the one-page table by Seq Scan
+-- and updated by Seq Scan, not TID, testing every dead version of its rows, which another
+-- claimer's snapshot keeps from pruning (212 to 384 versions a job at two connections,
+-- bench/claim_instructions_peer.py --conns 2: -1.5 % instructions a job at one, -2.9 % at
+-- two; the floor's -7.6 % and -11.6 %).
 CREATE OR REPLACE FUNCTION pgqueue.queue_counts_add(
     p_tiers pgqueue.tier[],
     p_tenants text[],
@@ -121,6 +126,7 @@ CREATE OR REPLACE FUNCTION pgqueue.queue_counts_add(
 RETURNS void
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     i integer;
