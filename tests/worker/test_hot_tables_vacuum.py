@@ -110,6 +110,23 @@ async def test_pgqueue_grant_lets_workers_vacuum_on_postgres_17_and_newer(db_dsn
             admin.execute(f'DROP ROLE "{role}"')
 
 
+async def _jobs_stat_reaches(pool: AsyncConnectionPool[Any], column: str, at_least: int) -> int:
+    """``column`` of pg_stat_user_tables for pgqueue.jobs once it is ``at_least`` (a backend's
+    table counters reach the shared stats within ~1 s), or its last value after 5 s."""
+    value = -1
+    for _ in range(50):
+        async with pool.connection() as conn:
+            cur = await conn.execute(
+                f"SELECT {column} FROM pg_stat_user_tables WHERE relid = 'pgqueue.jobs'::regclass"
+            )
+            row = await cur.fetchone()
+        value = -1 if row is None else int(row[0])
+        if value >= at_least:
+            break
+        await asyncio.sleep(0.1)
+    return value
+
+
 @pytest.mark.timeout(60)
 async def test_a_worker_analyzes_a_queue_filled_since_its_last_analyze(db_dsn: str) -> None:
     """Found by `pgqueue bench`: a worker started on 10,000 jobs just enqueued made its
@@ -129,16 +146,7 @@ async def test_a_worker_analyzes_a_queue_filled_since_its_last_analyze(db_dsn: s
         )
         conn.commit()
     async for pool in _pool(db_dsn):
-        for _ in range(50):  # the backend's table counters reach the shared stats within ~1 s
-            async with pool.connection() as conn:
-                cur = await conn.execute(
-                    "SELECT n_live_tup FROM pg_stat_user_tables"
-                    " WHERE relid = 'pgqueue.jobs'::regclass"
-                )
-                row = await cur.fetchone()
-            if row is not None and row[0] >= 3000:
-                break
-            await asyncio.sleep(0.1)
+        await _jobs_stat_reaches(pool, "n_live_tup", 3000)
         assert await upkeep.analyze_jobs_if_stale(pool) == "analyzed"
         assert await upkeep.analyze_jobs_if_stale(pool) == "not due"  # statistics fit now
         async with pool.connection() as conn:
@@ -177,17 +185,8 @@ async def test_a_drain_does_not_make_the_statistics_stale(db_dsn: str) -> None:
                 " lease_expires_at = NULL WHERE state = 'running'"
             )
     async for pool in _pool(db_dsn):
-        for _ in range(50):  # the backend's table counters reach the shared stats within ~1 s
-            async with pool.connection() as conn:
-                cur = await conn.execute(
-                    "SELECT n_mod_since_analyze FROM pg_stat_user_tables"
-                    " WHERE relid = 'pgqueue.jobs'::regclass"
-                )
-                row = await cur.fetchone()
-            if row is not None and row[0] >= 6000:  # claimed and succeeded: written twice
-                break
-            await asyncio.sleep(0.1)
-        assert row is not None and row[0] >= 6000
+        # claimed and succeeded: each job written twice
+        assert await _jobs_stat_reaches(pool, "n_mod_since_analyze", 6000) >= 6000
         assert await upkeep.analyze_jobs_if_stale(pool) == "not due"
 
 
