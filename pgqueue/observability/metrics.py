@@ -35,6 +35,7 @@ from prometheus_client.registry import Collector
 
 from pgqueue.batches.outcomes import cost_saved_usd
 from pgqueue.db import queries
+from pgqueue.display import printable
 from pgqueue.models import Deferred, Failed, Interrupted, Outcome, Succeeded, Throttled
 from pgqueue.settings import Settings
 
@@ -354,7 +355,7 @@ class DatabaseCollector(Collector):
             labels=["tenant_id"],
         )
         for tenant, value in sorted(snap.get("throttles", {}).items()):
-            throttle.add_metric([tenant], value)
+            throttle.add_metric([printable(tenant)], value)
         yield throttle
         yield GaugeMetricFamily(
             "claude_demoted_tenants",
@@ -376,7 +377,7 @@ class DatabaseCollector(Collector):
             "claude_input_tokens", "Input tokens charged per tenant.", labels=["tenant_id"]
         )
         for tenant, value in sorted(snap.get("tokens", {}).items()):
-            tokens.add_metric([tenant], value)
+            tokens.add_metric([printable(tenant)], value)
         yield tokens
         dropped = CounterMetricFamily(
             "pgqueue_admission_dropped_jobs",

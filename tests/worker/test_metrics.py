@@ -157,6 +157,30 @@ def test_tenant_labels_are_capped(db_dsn):
     assert sum(s.value for s in samples) == sum(g * 100 for g in range(1, 31))
 
 
+def test_tenant_labels_show_control_characters_escaped(db_dsn):
+    """Found by a tester: a tenant id stored before control characters were refused (revision
+    0071's CHECK is NOT VALID) reached /metrics raw (`curl .../metrics` coloured the terminal),
+    while the command line escapes it."""
+    stored = "old\x1b[31mRED\x07"
+    with psycopg.connect(db_dsn, autocommit=True) as conn:  # a row from before: as 0071 left it
+        check = "tenants_tenant_id_without_control"
+        row = conn.execute(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = %s", (check,)
+        ).fetchone()
+        assert row is not None
+        conn.execute(f"ALTER TABLE pgqueue.tenants DROP CONSTRAINT {check}")
+        conn.execute("INSERT INTO pgqueue.tenants (tenant_id) VALUES (%s)", (stored,))
+        conn.execute(f"ALTER TABLE pgqueue.tenants ADD CONSTRAINT {check} {row[0]}")
+        conn.execute(
+            "INSERT INTO pgqueue.usage_daily (tenant_id, day, input_tokens)"
+            " VALUES (%s, current_date, 7)",
+            (stored,),
+        )
+    families = scrape(database_registry(db_dsn, refresh_seconds=0, top_tenants=5))
+    labels = {s.labels["tenant_id"] for s in families["claude_input_tokens"]}
+    assert labels == {"old<U+001B>[31mRED<U+0007>"}
+
+
 def test_the_exporter_says_when_it_cannot_read_the_database(db_dsn):
     """Found by a tester: with the database down, /metrics answered queue depth 0 and
     fairness 1.0, and nothing said the values were not read. pgqueue_exporter_up says it."""
