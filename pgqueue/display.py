@@ -22,10 +22,12 @@ _CONTROL = re.compile(f"[\x00{CONTROL_CLASS}]")
 
 
 def printable(text: str) -> str:
-    """``text`` with each control character (Unicode category Cc: C0, DEL, C1) written as
+    """``text`` with each control character (:data:`pgqueue.validation.CONTROL_CLASS`: Unicode
+    category Cc (C0, DEL, C1), U+2028, U+2029 and the bidi controls, such as U+202E) written as
     ``<U+XXXX>``, as :func:`pgqueue.validation.shown_invisible` writes it in error messages
     (ESC is ``<U+001B>``, a line break ``<U+000A>``); other text unchanged. One line stays one
-    line."""
+    line, in its order (found by a tester: a stored tenant id with U+2028 broke a row, one with
+    U+202E reversed the rest of the line)."""
     if _CONTROL.search(text) is None:  # the usual case: no copy
         return text
     return _CONTROL.sub(lambda m: f"<U+{ord(m.group()):04X}>", text)

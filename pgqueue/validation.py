@@ -40,15 +40,20 @@ MAX_SLA_SECONDS = 315_576_000
 #: limit (found by a fault run: a deeper payload enqueued through SQL crashed every worker
 #: that claimed it). The SQL function ``pgqueue.payload_problem`` refuses the same.
 MAX_PAYLOAD_LEVELS = 512
-#: Control characters (Unicode category Cc: C0, DEL, C1) but U+0000, as a regular-expression
-#: class that Python's ``re`` and Postgres read alike. Refused anywhere in a tenant id (found by
-#: a tester: ``esc\x1b[31mRED`` and ``\x1b]0;pwned\x07`` were taken, and the command line's
-#: tables sent them to the terminal; ``a\nb`` showed as two rows) and in a dedupe key, names a
-#: person reads and compares: they print as nothing or move the cursor. The SQL function
-#: ``pgqueue.has_control`` (010_tables.sql) holds this text; tests/unit/test_invisible_tenant.py
-#: compares them. U+0000 is :class:`NulCharacter`'s, before.
-CONTROL_CLASS = r"\u0001-\u001f\u007f-\u009f"
+#: Control characters (Unicode category Cc: C0, DEL, C1) but U+0000, and the characters that
+#: break a line or reorder text on a terminal: U+2028 LINE SEPARATOR, U+2029 PARAGRAPH
+#: SEPARATOR and the bidi controls (U+061C, U+200E, U+200F, U+202A-U+202E, U+2066-U+2069), as
+#: a regular-expression class that Python's ``re`` and Postgres read alike. Refused anywhere in
+#: a tenant id (found by a tester: ``esc\x1b[31mRED`` and ``\x1b]0;pwned\x07`` were taken, and
+#: the command line's tables sent them to the terminal; ``a\nb`` showed as two rows; later
+#: U+2028 and U+202E were taken, and broke or reversed the rows), a name a person reads and
+#: compares. The SQL function ``pgqueue.has_control`` (010_tables.sql) holds this text;
+#: tests/unit/test_invisible_tenant.py compares them. U+0000 is :class:`NulCharacter`'s, before.
+CONTROL_CLASS = r"\u0001-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"
 _CONTROL = re.compile(f"[\x00{CONTROL_CLASS}]")
+#: Category Cc only (U+0000-U+001F, U+007F-U+009F): refused in a dedupe key, as
+#: ``pgqueue.try_enqueue`` (040_enqueue.sql) refuses it.
+_CC = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 #: The characters that show nothing on their own, as a regular-expression class that Python's
 #: ``re`` and Postgres read alike: white space (``str.isspace``), controls (Cc; not U+0000),
 #: format characters (Cf: U+200B ZERO WIDTH SPACE, U+FEFF, the bidi marks), separators (Zs, Zl,
@@ -176,8 +181,9 @@ def check_tenant_id(tenant_id: object) -> str:
         )
     if has_control(tid):
         raise InvalidTenant(
-            "tenant_id must not hold a control character (U+0001-U+001F, U+007F-U+009F, such "
-            f"as ESC or a line break), got {shown_invisible(tid)}"
+            "tenant_id must not hold a control character (U+0001-U+001F, U+007F-U+009F, "
+            "U+2028, U+2029 or a bidi control, such as ESC or a line break), got "
+            f"{shown_invisible(tid)}"
         )
     return tid
 
@@ -259,7 +265,7 @@ def check_dedupe_key(dedupe_key: object) -> str:
         InvalidArgument: anything else (a NUL: :class:`NulCharacter`).
     """
     key = _check_text(dedupe_key, "dedupe_key", MAX_DEDUPE_KEY_CHARS, InvalidArgument)
-    found = _CONTROL.search(key)
+    found = _CC.search(key)
     if found:
         raise InvalidArgument(
             f"dedupe_key holds a control character (U+{ord(found.group()):04X}) at index "

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import psycopg
+import psycopg.sql
 import pytest
 from psycopg.types.json import Jsonb
 from sqlalchemy import create_engine, text
@@ -221,6 +222,49 @@ def test_require_known_tenant_reads_the_setting_as_a_boolean(db_dsn, on):
         conn.execute("SELECT set_config('pgqueue.require_known_tenant', %s, false)", (on,))
         with pytest.raises(pgqueue.UnknownTenant):
             pgqueue.enqueue(conn, tenant_id="stranger", origin="user_action", payload=PAYLOAD)
+
+
+@pytest.mark.parametrize("off", ["off", "OFF", "no", "False", " f ", "0", "n", ""])
+def test_require_known_tenant_reads_off_spellings_as_off(db_dsn, off):
+    with psycopg.connect(db_dsn) as conn:
+        conn.execute("SELECT set_config('pgqueue.require_known_tenant', %s, false)", (off,))
+        pgqueue.enqueue(conn, tenant_id="stranger", origin="user_action", payload=PAYLOAD)
+        conn.commit()
+    assert _count(db_dsn) == 1
+
+
+@pytest.mark.parametrize("bad", ["maybe", "onn", "2", "enabled"])
+def test_an_unrecognised_require_known_tenant_raises_pq012(db_dsn, bad):
+    """Found by a tester: ALTER DATABASE d SET pgqueue.require_known_tenant = 'maybe' read as
+    off, and a job of an unknown tenant was queued (and the tenant registered). It raises
+    PQ012 (InvalidSetting) naming the setting, from Python and SQL; nothing is stored."""
+    dbname = psycopg.conninfo.conninfo_to_dict(db_dsn)["dbname"]
+    with psycopg.connect(db_dsn, autocommit=True) as owner:
+        owner.execute(
+            psycopg.sql.SQL("ALTER DATABASE {} SET pgqueue.require_known_tenant = {}").format(
+                psycopg.sql.Identifier(str(dbname)), psycopg.sql.Literal(bad)
+            )
+        )
+    try:
+        with psycopg.connect(db_dsn) as conn:
+            with pytest.raises(pgqueue.InvalidSetting, match="require_known_tenant"):
+                pgqueue.enqueue(conn, tenant_id="stranger", origin="user_action", payload=PAYLOAD)
+            conn.rollback()
+            with pytest.raises(psycopg.Error) as info:
+                conn.execute(
+                    "SELECT pgqueue.enqueue('stranger', 'user_action', %s)", (Jsonb(PAYLOAD),)
+                )
+            assert info.value.sqlstate == "PQ012"
+            conn.rollback()
+            assert conn.execute("SELECT count(*) FROM pgqueue.tenants").fetchone() == (0,)
+    finally:
+        with psycopg.connect(db_dsn, autocommit=True) as owner:
+            owner.execute(
+                psycopg.sql.SQL("ALTER DATABASE {} RESET pgqueue.require_known_tenant").format(
+                    psycopg.sql.Identifier(str(dbname))
+                )
+            )
+    assert _count(db_dsn) == 0
 
 
 def test_require_known_tenant(db_dsn):

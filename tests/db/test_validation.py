@@ -230,7 +230,9 @@ def test_a_tenant_id_that_shows_nothing_is_refused_alike_by_python_and_sql(conn)
         " BETWEEN 55296 AND 57343 AND NOT pgqueue.job_is_valid('a' || chr(c), 'scheduled', '{}',"
         " NULL, 'custom', NULL, 1048576)"
     ).fetchone()[0]
-    assert mixed == [c for c in range(1, 0x110000) if unicodedata.category(chr(c)) == "Cc"]
+    from pgqueue.validation import has_control
+
+    assert mixed == [c for c in range(1, 0x110000) if has_control(chr(c))]
     for tenant in ("\u200b", "\ufeff\u2060", "\x01", "\U000e0041", " \u200b", "\u2800", "\u3164"):
         with pytest.raises(psycopg.Error) as info:
             conn.execute("SELECT pgqueue.enqueue(%s, 'scheduled', %s)", (tenant, Jsonb(GOOD)))
@@ -246,8 +248,9 @@ def test_a_tenant_id_with_a_control_character_is_refused_alike_by_python_and_sql
     """Found by a tester: tenant ids holding ESC and OSC sequences, or a line break, were
     taken, and the command line's tables sent them to the terminal. Every code point (but
     U+0000 and surrogates) between two visible ones: pgqueue.has_control holds exactly those
-    Python's has_control holds (category Cc), job_is_valid refuses exactly those, and
-    validate_job raises PQ006 as enqueue_many does in Python, for a few; nothing is stored."""
+    Python's has_control holds (category Cc, and U+2028, U+2029 and the bidi controls, found
+    taken later), job_is_valid refuses exactly those, and validate_job raises PQ006 as
+    enqueue and enqueue_many do in Python, for a few; nothing is stored."""
     from pgqueue.validation import has_control
 
     rows = conn.execute(
@@ -257,16 +260,24 @@ def test_a_tenant_id_with_a_control_character_is_refused_alike_by_python_and_sql
         " FROM generate_series(1, 1114111) AS c WHERE c NOT BETWEEN 55296 AND 57343"
     ).fetchall()
     expected = {c for c in range(1, 0x110000) if has_control(f"a{chr(c)}b")}
-    assert expected == {c for c in range(1, 0x110000) if unicodedata.category(chr(c)) == "Cc"}
+    breaking = {0x061C, 0x200E, 0x200F, 0x2028, 0x2029, *range(0x202A, 0x202F)}
+    breaking |= set(range(0x2066, 0x206A))
+    assert expected == breaking | {
+        c for c in range(1, 0x110000) if unicodedata.category(chr(c)) == "Cc"
+    }
     assert {c for (c, control, _) in rows if control} == expected
     assert {c for (c, _, not_valid) in rows if not_valid} == expected
-    for tenant in ("esc\x1b[31mRED\x1b[0m", "\x1b]0;pwned\x07", "a\nb", "a\x9b", "a\x7f"):
+    for tenant in ("esc\x1b[31mRED\x1b[0m", "\x1b]0;pwned\x07", "a\nb", "a\x9b", "a\x7f",
+                   "a\u2028b", "\u202egnp.exe"):  # fmt: skip
         with pytest.raises(psycopg.Error) as info:
             conn.execute("SELECT pgqueue.enqueue(%s, 'scheduled', %s)", (tenant, Jsonb(GOOD)))
         assert info.value.sqlstate == "PQ006", tenant
         conn.rollback()
         with pytest.raises(errors.InvalidTenant, match="control character"):
             pgqueue.enqueue_many(conn, [pgqueue.JobSpec(tenant, "scheduled", GOOD)])
+        conn.rollback()
+        with pytest.raises(errors.InvalidTenant, match="control character"):
+            pgqueue.enqueue(conn, tenant_id=tenant, origin="scheduled", payload=GOOD)
         conn.rollback()
     assert conn.execute("SELECT count(*) FROM pgqueue.jobs").fetchone()[0] == 0
 
@@ -276,6 +287,8 @@ def test_a_tenant_id_with_a_control_character_is_refused_alike_by_python_and_sql
     [
         ("esc\x1b[31mRED\x1b[0m", "'esc<U+001B>[31mRED<U+001B>[0m'"),
         ("a\nb", "'a<U+000A>b'"),
+        ("a\u2028b", "'a<U+2028>b'"),
+        ("\u202egnp.exe", "'<U+202E>gnp.exe'"),
         ("\u200b", "'<U+200B>'"),
         ("  ", "'  '"),
         ("\t\u3000", "'<U+0009><U+3000>'"),
@@ -781,7 +794,10 @@ def test_the_tenants_table_refuses_an_id_that_shows_nothing(conn, write, tenant)
     ).fetchone() == (1,)
 
 
-@pytest.mark.parametrize("tenant", ["esc\x1b[31mRED\x1b[0m", "\x1b]0;pwned\x07", "a\nb", "a\x9b"])
+@pytest.mark.parametrize(
+    "tenant",
+    ["esc\x1b[31mRED\x1b[0m", "\x1b]0;pwned\x07", "a\nb", "a\x9b", "a\u2028b", "\u202egnp.exe"],
+)
 @pytest.mark.parametrize(
     "write",
     [
@@ -792,8 +808,9 @@ def test_the_tenants_table_refuses_an_id_that_shows_nothing(conn, write, tenant)
 )
 def test_the_tenants_table_refuses_an_id_with_a_control_character(conn, write, tenant):
     """Found by a tester: tenant ids with ESC or OSC sequences, or a line break, reached the
-    terminal. The table's CHECK tenants_tenant_id_without_control refuses them from any writer
-    (23514), and nothing is stored; a row stored before the CHECK (NOT VALID) stays."""
+    terminal; so did U+2028 (a row broken in two) and U+202E (a row reversed). The table's
+    CHECK tenants_tenant_id_without_control refuses them from any writer (23514), and nothing
+    is stored; a row stored before the CHECK (NOT VALID) stays."""
     before = conn.execute("SELECT count(*) FROM pgqueue.tenants").fetchone()
     with pytest.raises(psycopg.errors.CheckViolation, match="tenants_tenant_id_without_control"):
         conn.execute(write, (tenant,))

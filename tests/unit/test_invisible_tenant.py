@@ -55,12 +55,15 @@ def test_a_tenant_id_that_shows_nothing_is_refused(tenant):
     [("esc\x1b[31mRED\x1b[0m", "'esc<U+001B>[31mRED<U+001B>[0m'"),
      ("\x1b]0;pwned\x07", "'<U+001B>]0;pwned<U+0007>'"), ("a\nb", "'a<U+000A>b'"),
      ("a\tb", "'a<U+0009>b'"), ("x\x7f", "'x<U+007F>'"), ("\x9b31m", "'<U+009B>31m'"),
-     ("a\x85", "'a<U+0085>'")],
+     ("a\x85", "'a<U+0085>'"), ("a\u2028b", "'a<U+2028>b'"), ("a\u2029", "'a<U+2029>'"),
+     ("\u202egnp.exe", "'<U+202E>gnp.exe'"), ("x\u2066y\u2069", "'x<U+2066>y<U+2069>'"),
+     ("a\u200fb", "'a<U+200F>b'"), ("a\u061cb", "'a<U+061C>b'")],
 )  # fmt: skip
 def test_a_tenant_id_with_a_control_character_is_refused(tenant, shown):
     """Found by a tester: `pgqueue enqueue $'esc\\e[31mRED\\e[0m'` and an OSC title sequence
     were taken, and the command line's tables sent them to the terminal; 'a\\nb' showed as two
-    rows. A control character (Cc: C0, DEL, C1) anywhere is refused, shown escaped."""
+    rows; U+2028 broke a row and U+202E reversed one. A control character (Cc: C0, DEL, C1),
+    a line or paragraph separator or a bidi control anywhere is refused, shown escaped."""
     assert has_control(tenant)
     for check in (check_tenant_id, lambda t: check_job(tenant_id=t, origin="scheduled",
                                                        payload=GOOD)):  # fmt: skip
@@ -118,14 +121,28 @@ def test_the_sql_side_holds_the_class_once():
     assert text.count("pgqueue.has_control(tenant_id)") == 3
 
 
+#: Besides Cc: U+2028 LINE SEPARATOR (Zl), U+2029 PARAGRAPH SEPARATOR (Zp) and the bidi
+#: controls (Cf: Unicode's Bidi_Control property), which break or reorder a terminal's line.
+BREAKING = {0x061C, 0x200E, 0x200F, 0x2028, 0x2029, *range(0x202A, 0x202F),
+            *range(0x2066, 0x206A)}  # fmt: skip
+
+
 def test_the_control_class_is_category_cc_and_sql_holds_it_once():
-    """CONTROL_CLASS is exactly Unicode's category Cc but U+0000 (NulCharacter's), and
-    pgqueue.has_control (010_tables.sql) writes the same text, in no other schema file; the
-    CHECK tenants_tenant_id_without_control, validate_job and job_is_valid call it (counted
+    """CONTROL_CLASS is exactly Unicode's category Cc but U+0000 (NulCharacter's), the line
+    and paragraph separators and the bidi controls, and pgqueue.has_control (010_tables.sql)
+    writes the same text, in no other schema file; the CHECK
+    tenants_tenant_id_without_control, validate_job and job_is_valid call it (counted
     above)."""
     one = re.compile(f"[{CONTROL_CLASS}]")
     found = {c for c in range(sys.maxunicode + 1) if one.fullmatch(chr(c))}
-    assert found == {c for c in range(1, 0x110000) if unicodedata.category(chr(c)) == "Cc"}
+    cc = {c for c in range(1, 0x110000) if unicodedata.category(chr(c)) == "Cc"}
+    assert found == cc | BREAKING
+    # the marks (U+061C, U+200E, U+200F) and the embeddings, overrides and isolates
+    assert all(
+        "MARK" in unicodedata.name(chr(c)) or unicodedata.bidirectional(chr(c)) in (
+            "LRE", "RLE", "PDF", "LRO", "RLO", "LRI", "RLI", "FSI", "PDI")
+        for c in BREAKING - {0x2028, 0x2029}
+    )  # fmt: skip
     assert all(is_invisible(chr(c)) for c in found)  # shown_invisible escapes them
     copies = [
         (path.name, literal)

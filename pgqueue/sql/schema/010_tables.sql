@@ -98,16 +98,18 @@ ALTER TABLE pgqueue.tenants
     ADD CONSTRAINT tenants_tenant_id_visible CHECK (NOT pgqueue.is_invisible(tenant_id))
     NOT VALID;
 
--- Whether t holds a control character (category Cc: C0, DEL, C1; U+0000 cannot be in a text)
--- anywhere: pgqueue/validation.py's CONTROL_CLASS, text for text. A tenant id holding one is
--- refused (found by a tester: ESC and OSC sequences in tenant ids reached the terminal through
--- `pgqueue status`, and 'a' || chr(10) || 'b' showed as two rows). The CHECK below,
+-- Whether t holds a control character (category Cc: C0, DEL, C1; U+0000 cannot be in a text),
+-- U+2028 LINE SEPARATOR, U+2029 PARAGRAPH SEPARATOR or a bidi control (U+061C, U+200E, U+200F,
+-- U+202A-U+202E, U+2066-U+2069) anywhere: pgqueue/validation.py's CONTROL_CLASS, text for
+-- text. A tenant id holding one is refused (found by a tester: ESC and OSC sequences in tenant
+-- ids reached the terminal through `pgqueue status`, 'a' || chr(10) || 'b' showed as two rows;
+-- U+2028 broke a row and U+202E reversed one, revision 0073). The CHECK below,
 -- pgqueue.validate_job and pgqueue.job_is_valid call it; inlined as is_invisible is.
 CREATE OR REPLACE FUNCTION pgqueue.has_control(t text)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
-    SELECT t ~ '[\u0001-\u001f\u007f-\u009f]'
+    SELECT t ~ '[\u0001-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]'
 $$;
 
 -- A tenant id with a control character (pgqueue.has_control) is refused by every writer of

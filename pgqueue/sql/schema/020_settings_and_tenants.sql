@@ -157,15 +157,31 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pgqueue.tenants_required() RETURNS boolean
-    LANGUAGE sql STABLE PARALLEL SAFE
-    AS $$
-    -- Whether jobs of tenants not in pgqueue.tenants are refused (PQ007) rather than their
-    -- tenants registered: the pgqueue.require_known_tenant setting (pgqueue.guarded_setting:
-    -- a producer cannot switch it off), read as Postgres reads a boolean (on, true, yes, 1,
-    -- t, y; any case, spaces around). Found by a tester: 'ON', 'yes' and 'True ' read as off.
-    SELECT lower(btrim(coalesce(pgqueue.guarded_setting('require_known_tenant'), '')))
-           IN ('on', 'true', 'yes', '1', 't', 'y')
+-- Whether jobs of tenants not in pgqueue.tenants are refused (PQ007) rather than their tenants
+-- registered: the pgqueue.require_known_tenant setting (pgqueue.guarded_setting: a producer
+-- cannot switch it off), read as Postgres reads a boolean (on/off, true/false, yes/no, 1/0,
+-- t/f, y/n; any case, spaces around; unset or blank: off). Found by a tester: 'ON', 'yes' and
+-- 'True ' read as off; and so did any other value ('maybe', 'onn'), which turned the rule off
+-- silently: it raises PQ012 (InvalidSetting), as a bad numeric setting does (revision 0073).
+CREATE OR REPLACE FUNCTION pgqueue.tenants_required()
+RETURNS boolean
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+AS $$
+DECLARE
+    raw constant text := pgqueue.guarded_setting('require_known_tenant');
+    v constant text := lower(btrim(coalesce(raw, '')));
+BEGIN
+    IF v IN ('on', 'true', 'yes', '1', 't', 'y') THEN
+        RETURN true;
+    ELSIF v IN ('', 'off', 'false', 'no', '0', 'f', 'n') THEN
+        RETURN false;
+    END IF;
+    RAISE EXCEPTION 'pgqueue.require_known_tenant must be a boolean (on or off), got %',
+        quote_literal(raw)
+        USING ERRCODE = 'PQ012',
+              HINT = 'Fix or RESET pgqueue.require_known_tenant (ALTER DATABASE, ALTER ROLE '
+                     'or SET; default off).';
+END
 $$;
 
 -- Registers the tenant on first use; with pgqueue.require_known_tenant on, refuses an unknown

@@ -190,7 +190,8 @@ BEGIN
     -- A control character anywhere (pgqueue.has_control, 010_tables.sql).
     IF pgqueue.has_control(tenant_id) THEN
         RAISE EXCEPTION 'tenant_id must not hold a control character (U+0001-U+001F, '
-            'U+007F-U+009F, such as ESC or a line break), got %',
+            'U+007F-U+009F, U+2028, U+2029 or a bidi control, such as ESC or a line break), '
+            'got %',
             pgqueue.shown_invisible(tenant_id) USING ERRCODE = 'PQ006';
     END IF;
     IF origin IS NULL OR origin NOT IN ('user_action', 'scheduled', 'batch_job') THEN
