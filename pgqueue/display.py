@@ -11,14 +11,11 @@ rows stored before, and the other texts, are shown through :func:`printable` or 
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from rich.text import Text
 
-from pgqueue.validation import CONTROL_CLASS
-
-_CONTROL = re.compile(f"[\x00{CONTROL_CLASS}]")
+from pgqueue.validation import CONTROL, code_point
 
 
 def printable(text: str) -> str:
@@ -28,9 +25,9 @@ def printable(text: str) -> str:
     (ESC is ``<U+001B>``, a line break ``<U+000A>``); other text unchanged. One line stays one
     line, in its order (found by a tester: a stored tenant id with U+2028 broke a row, one with
     U+202E reversed the rest of the line)."""
-    if _CONTROL.search(text) is None:  # the usual case: no copy
+    if CONTROL.search(text) is None:  # the usual case: no copy
         return text
-    return _CONTROL.sub(lambda m: f"<U+{ord(m.group()):04X}>", text)
+    return CONTROL.sub(lambda m: code_point(m.group()), text)
 
 
 def cell(value: object) -> Text:

@@ -50,7 +50,9 @@ MAX_PAYLOAD_LEVELS = 512
 #: compares. The SQL function ``pgqueue.has_control`` (010_tables.sql) holds this text;
 #: tests/unit/test_invisible_tenant.py compares them. U+0000 is :class:`NulCharacter`'s, before.
 CONTROL_CLASS = r"\u0001-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"
-_CONTROL = re.compile(f"[\x00{CONTROL_CLASS}]")
+#: One character of :data:`CONTROL_CLASS`, or U+0000 (:func:`has_control`, and
+#: :func:`pgqueue.display.printable`, which escapes them).
+CONTROL = re.compile(f"[\x00{CONTROL_CLASS}]")
 #: Category Cc only (U+0000-U+001F, U+007F-U+009F): refused in a dedupe key, as
 #: ``pgqueue.try_enqueue`` (040_enqueue.sql) refuses it.
 _CC = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -120,6 +122,13 @@ def shown_text(value: str) -> str:
     return f"{value[:SHOWN_CHARS]!r}…"
 
 
+def code_point(char: str) -> str:
+    """One character written as ``<U+XXXX>`` (four hex digits or more, as the SQL function
+    ``pgqueue.shown_invisible`` writes it): how refused ids and stored control characters are
+    shown."""
+    return f"<U+{ord(char):04X}>"
+
+
 def shown_invisible(value: str) -> str:
     """A refused tenant id (one that shows nothing, or holds a control character), for an error
     message: quoted, each character of :data:`INVISIBLE_CLASS` (which holds
@@ -128,7 +137,7 @@ def shown_invisible(value: str) -> str:
     U+3164 or U+2800 as they are, blank, and SQL printed U+200B as ``''``. The SQL function
     ``pgqueue.shown_invisible`` writes the same, so Python and SQL raise one message."""
     shown = "".join(
-        c if c == " " or _INVISIBLE_ONLY.fullmatch(c) is None else f"<U+{ord(c):04X}>"
+        c if c == " " or _INVISIBLE_ONLY.fullmatch(c) is None else code_point(c)
         for c in value[:SHOWN_CHARS]
     )
     return f"'{shown}'" + ("…" if len(value) > SHOWN_CHARS else "")
@@ -191,7 +200,7 @@ def check_tenant_id(tenant_id: object) -> str:
 def has_control(text: str) -> bool:
     """Whether ``text`` holds a control character (:data:`CONTROL_CLASS`, or U+0000)
     anywhere."""
-    return _CONTROL.search(text) is not None
+    return CONTROL.search(text) is not None
 
 
 def is_invisible(text: str) -> bool:
