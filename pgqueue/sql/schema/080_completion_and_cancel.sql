@@ -402,29 +402,21 @@ BEGIN
                OR j.finished_at < retry_failed_outcomes.until)
         ORDER BY j.id
         FOR UPDATE OF j);
-    -- Jobs without a dedupe key: nothing can hold theirs.
-    RETURN QUERY
-    WITH updated AS (
-        UPDATE pgqueue.jobs j
-        SET state = 'queued', attempts = 0, throttle_retries = 0, run_at = now(),
-            finished_at = NULL
-        WHERE j.id = ANY (picked) AND j.dedupe_key IS NULL
-        RETURNING j.id
-    )
-    SELECT u.id, true, NULL::text, NULL::bigint FROM updated u;
-    -- Jobs with one, in one statement: those whose key a live job holds, or a newer failed
-    -- job of the same key, are left failed. A live job that takes one of these keys after the
-    -- statement's snapshot (an enqueue or a retry, concurrent) makes it fail with a unique
-    -- violation: it runs again, with a new snapshot that sees that job (READ COMMITTED).
+    -- One statement: a job whose dedupe key a live job holds, or a newer failed job of the
+    -- same key, is left failed (a job without a key: nothing holds it). A live job that takes
+    -- one of these keys after the statement's snapshot (an enqueue or a retry, concurrent)
+    -- makes it fail with a unique violation: it runs again, with a new snapshot that sees
+    -- that job (READ COMMITTED).
     FOR attempt IN 1 .. 3 LOOP
         BEGIN
             WITH judged AS (
                 SELECT j.id, j.tenant_id, j.dedupe_key,
-                       coalesce(pgqueue.dedupe_holder(j.tenant_id, j.dedupe_key),
-                                nullif(max(j.id) OVER (PARTITION BY j.tenant_id, j.dedupe_key),
-                                       j.id)) AS holder
+                       CASE WHEN j.dedupe_key IS NOT NULL THEN coalesce(
+                           pgqueue.dedupe_holder(j.tenant_id, j.dedupe_key),
+                           nullif(max(j.id) OVER (PARTITION BY j.tenant_id, j.dedupe_key), j.id))
+                       END AS holder
                 FROM pgqueue.jobs j
-                WHERE j.id = ANY (picked) AND j.dedupe_key IS NOT NULL
+                WHERE j.id = ANY (picked)
             ), updated AS (
                 UPDATE pgqueue.jobs j
                 SET state = 'queued', attempts = 0, throttle_retries = 0, run_at = now(),
@@ -448,7 +440,7 @@ BEGIN
     -- jobs triggers, which write the same counter rows again (about 3 ms a job at 10,000).
     FOR job IN
         SELECT j.id, j.tenant_id, j.dedupe_key FROM pgqueue.jobs j
-        WHERE j.id = ANY (picked) AND j.dedupe_key IS NOT NULL
+        WHERE j.id = ANY (picked)
         ORDER BY j.id DESC
     LOOP
         SELECT * INTO outcome FROM pgqueue.requeue_job(job.id, job.tenant_id);
